@@ -1,0 +1,29 @@
+# Two entry points (see README): `make demo` and `make test`.
+# Each creates .venv on first use and installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+# The package itself asks only for torch>=2.4; this pin picks the CPU build
+# that the development machines keep on disk. Override: make test TORCH='torch>=2.4'
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/simdist demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,40 @@
+"""simdist: run every rank of a DP/PP/TP/CP layout as a thread of one CPU process.
+
+    import simdist
+    results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
+"""
+
+from .context import Groups, RankContext
+from .errors import (
+    CollectiveMismatchError,
+    DeadlockError,
+    PeerFailedError,
+    RankError,
+    SimulationError,
+    SimulationTimeout,
+    UnsupportedOperationError,
+)
+from .layout import Coords, Layout
+from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
+from .world import run
+
+__all__ = [
+    "CollectiveMismatchError",
+    "Coords",
+    "DeadlockError",
+    "Groups",
+    "Layout",
+    "PeerFailedError",
+    "RankContext",
+    "RankError",
+    "RankOrder",
+    "ReductionModel",
+    "Ring",
+    "Shuffled",
+    "SimulationError",
+    "SimulationTimeout",
+    "Tree",
+    "UnsupportedOperationError",
+    "run",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,53 @@
+"""The exceptions simdist raises. Every one derives from ``SimulationError``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class SimulationError(Exception):
+    """Base class of every error simdist raises about a simulated world."""
+
+
+class RankError(SimulationError):
+    """One or more ranks raised; ``__cause__`` is the first failure.
+
+    ``failures`` maps each rank that failed on its own to its exception;
+    ``released`` lists ranks that did not fail themselves but were woken out of a
+    wait because a peer had failed (they are not independent failures).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        failures: dict[int, BaseException],
+        released: Sequence[int] = (),
+    ) -> None:
+        super().__init__(message)
+        self.failures = dict(failures)
+        self.released = tuple(released)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(self.failures))
+
+
+class PeerFailedError(SimulationError):
+    """Raised inside a rank that was waiting on (or entering) a collective after
+    a peer failed: the world is going down, this rank is not the cause."""
+
+
+class DeadlockError(SimulationError):
+    """No pending call can ever complete; the message lists every rank's state."""
+
+
+class CollectiveMismatchError(SimulationError):
+    """Members of a group met at the same sequence number with different calls."""
+
+
+class SimulationTimeout(SimulationError):
+    """The run's watchdog expired while ranks were still running."""
+
+
+class UnsupportedOperationError(SimulationError, NotImplementedError):
+    """A collective, option or dtype simdist does not model."""

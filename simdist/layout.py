@@ -1,0 +1,135 @@
+"""Rank layouts: global ranks <-> (tp, cp, dp, pp) coordinates, and group rank lists.
+
+Megatron's order: tp varies fastest, then cp, then dp, then pp, so
+``rank = tp + TP * (cp + CP * (dp + DP * pp))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+# Composite groups: the axes that vary inside one group.
+COMPOSITE_AXES: dict[str, tuple[str, ...]] = {
+    "dp_cp": ("cp", "dp"),
+    "mp": ("tp", "pp"),
+}
+GROUP_NAMES: tuple[str, ...] = AXES + tuple(COMPOSITE_AXES) + ("world",)
+
+
+class Coords(NamedTuple):
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A DP/PP/TP/CP layout. ``world_size`` may be given to have it checked."""
+
+    tp: int = 1
+    cp: int = 1
+    dp: int = 1
+    pp: int = 1
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            size = getattr(self, axis)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(
+                    f"Layout.{axis} must be a positive int, got {size!r} "
+                    f"({self._describe()})"
+                )
+        product = self.tp * self.cp * self.dp * self.pp
+        if self.world_size is None:
+            object.__setattr__(self, "world_size", product)
+        elif (
+            isinstance(self.world_size, bool)
+            or not isinstance(self.world_size, int)
+            or self.world_size != product
+        ):
+            raise ValueError(
+                f"dp({self.dp}) * cp({self.cp}) * tp({self.tp}) * pp({self.pp}) "
+                f"= {product} != world_size({self.world_size!r})"
+            )
+
+    def _describe(self) -> str:
+        return ", ".join(f"{a}={getattr(self, a)!r}" for a in AXES)
+
+    # Properties instead of scattered `> 1` tests in user code.
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    def sizes(self) -> dict[str, int]:
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    def coords(self, rank: int) -> Coords:
+        """The (tp, cp, dp, pp) coordinates of a global rank."""
+        self._check_rank(rank)
+        tp, rest = rank % self.tp, rank // self.tp
+        cp, rest = rest % self.cp, rest // self.cp
+        dp, pp = rest % self.dp, rest // self.dp
+        return Coords(tp=tp, cp=cp, dp=dp, pp=pp)
+
+    def rank_of(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """The global rank at the given coordinates (missing axes are 0)."""
+        given = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        for axis, index in given.items():
+            size = getattr(self, axis)
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+                raise ValueError(f"{axis} index must be an int in [0, {size}), got {index!r}")
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+
+    def group_ranks(self, axis: str) -> list[list[int]]:
+        """Rank lists of every group along ``axis``, each sorted, ordered by first rank.
+
+        ``axis`` is one of "tp", "cp", "dp", "pp", "dp_cp", "mp" (tp x pp) or
+        "world".
+        """
+        if axis == "world":
+            return [list(range(self.world_size))]  # type: ignore[arg-type]
+        if axis in AXES:
+            varying: tuple[str, ...] = (axis,)
+        elif axis in COMPOSITE_AXES:
+            varying = COMPOSITE_AXES[axis]
+        else:
+            raise ValueError(
+                f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}"
+            )
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world_size):  # type: ignore[arg-type]
+            c = self.coords(rank)._asdict()
+            key = tuple(c[a] for a in AXES if a not in varying)
+            groups.setdefault(key, []).append(rank)
+        return sorted(groups.values(), key=lambda ranks: ranks[0])
+
+    def group_of(self, axis: str, rank: int) -> list[int]:
+        """The ranks of the ``axis`` group that contains ``rank``."""
+        self._check_rank(rank)
+        for ranks in self.group_ranks(axis):
+            if rank in ranks:
+                return ranks
+        raise AssertionError("unreachable: every rank is in one group per axis")
+
+    def _check_rank(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:  # type: ignore[operator]
+            raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
+
+    def __str__(self) -> str:
+        return f"Layout(tp={self.tp}, cp={self.cp}, dp={self.dp}, pp={self.pp})"

@@ -1,0 +1,401 @@
+"""Matching of collective and point-to-point calls between rank threads.
+
+One lock guards the whole world's matching state, so the scheduler always knows
+every rank's state (running, waiting on what, finished, failed). That makes
+deadlock detection exact: the moment every live rank waits and nothing can
+complete, or a rank waits on a peer that has finished, the world is aborted
+with a report instead of hanging. Every blocking wait is a bounded poll too, so
+an abort, a failure elsewhere or the watchdog always reaches a waiting rank.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import DeadlockError, PeerFailedError, SimulationError
+from . import stacks
+
+# How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
+# explicit; this only bounds a lost wake-up.
+_POLL_S = 0.5
+
+
+class RankState(enum.Enum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A communicator: its c10d name, member global ranks (group-rank order), label."""
+
+    name: str
+    ranks: tuple[int, ...]
+    label: str
+
+    def describe(self) -> str:
+        return f"{self.label} {list(self.ranks)}"
+
+
+@dataclass
+class Call:
+    """One rank's part of a collective."""
+
+    op: str
+    rank: int
+    group_rank: int
+    fingerprint: tuple[tuple[str, Any], ...]
+    site: str
+    payload: dict[str, Any]
+
+
+class Waitable:
+    """Something a rank can wait on: a collective instance or a P2P operation."""
+
+    done: bool = False
+    error: SimulationError | BaseException | None = None
+
+    def needed_ranks(self) -> Sequence[int]:
+        """Global ranks that must still act for this to complete."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+class PendingCollective(Waitable):
+    def __init__(self, group: GroupInfo, seq: int) -> None:
+        self.group = group
+        self.seq = seq
+        self.calls: dict[int, Call] = {}
+        self.done = False
+        self.error = None
+        self.completing = False
+
+    def needed_ranks(self) -> Sequence[int]:
+        if self.completing or self.done:
+            return ()
+        return [r for i, r in enumerate(self.group.ranks) if i not in self.calls]
+
+    def describe(self) -> str:
+        ops = sorted({c.op for c in self.calls.values()})
+        return f"{'/'.join(ops)} on {self.group.describe()} seq {self.seq}"
+
+
+@dataclass(eq=False)
+class P2POp(Waitable):
+    kind: str  # "send" or "recv"
+    group: GroupInfo
+    src: int  # global ranks
+    dst: int
+    tag: int
+    tensor: Any
+    site: str
+    done: bool = False
+    error: BaseException | None = None
+    peer_src: int | None = None  # for recv from any source: who sent
+
+    def needed_ranks(self) -> Sequence[int]:
+        if self.done:
+            return ()
+        return [self.dst if self.kind == "send" else self.src]
+
+    def describe(self) -> str:
+        if self.kind == "send":
+            return f"send to rank {self.dst} (tag {self.tag}) on {self.group.describe()}"
+        return f"recv from rank {self.src} (tag {self.tag}) on {self.group.describe()}"
+
+
+class _Parker:
+    """A binary semaphore: park() sleeps until unpark() (a permit may come first)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def park(self, timeout: float) -> None:
+        self._lock.acquire(timeout=timeout)
+
+    def unpark(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # a permit is already pending
+
+
+@dataclass
+class _RankSlot:
+    state: RankState = RankState.RUNNING
+    waiting_on: Waitable | None = None
+    thread_id: int | None = None
+    parker: _Parker = field(default_factory=_Parker)
+
+
+class Scheduler:
+    """The matching state of one simulated world."""
+
+    def __init__(self, world_size: int, describe_rank: Callable[[int], str]) -> None:
+        self.world_size = world_size
+        self._describe_rank = describe_rank
+        self._lock = threading.Lock()
+        self._slots = [_RankSlot() for _ in range(world_size)]
+        self._running = world_size
+        self._pending: dict[tuple[str, int], PendingCollective] = {}
+        # P2P channels: (group name, src, dst, tag) -> unmatched sends / recvs.
+        self._sends: dict[tuple[str, int, int, int], deque[P2POp]] = {}
+        self._recvs: dict[tuple[str, int, int, int], deque[P2POp]] = {}
+        self._abort: BaseException | None = None
+        self.first_failure: tuple[int, BaseException] | None = None
+        self.released: set[int] = set()
+
+    # -- rank lifecycle ---------------------------------------------------
+
+    def bind_thread(self, rank: int) -> None:
+        self._slots[rank].thread_id = threading.get_ident()
+
+    def rank_finished(self, rank: int) -> None:
+        with self._lock:
+            self._leave(rank, RankState.FINISHED)
+
+    def rank_failed(self, rank: int, exc: BaseException) -> None:
+        with self._lock:
+            simdist_raised = isinstance(exc, SimulationError)
+            if self.first_failure is None and not (
+                isinstance(exc, PeerFailedError) or (simdist_raised and self._abort is not None)
+            ):
+                self.first_failure = (rank, exc)
+            if isinstance(exc, PeerFailedError) or (simdist_raised and self._abort is not None):
+                self.released.add(rank)
+            if self._abort is None:
+                self._abort_locked(
+                    PeerFailedError(
+                        f"released: rank {rank} ({self._describe_rank(rank)}) failed with "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                )
+            self._leave(rank, RankState.FAILED)
+
+    def abort(self, error: BaseException) -> None:
+        """Abort the world (watchdog, external): every wait raises ``error``."""
+        with self._lock:
+            if self._abort is None:
+                self._abort_locked(error)
+
+    @property
+    def aborted(self) -> BaseException | None:
+        return self._abort
+
+    def _leave(self, rank: int, state: RankState) -> None:
+        slot = self._slots[rank]
+        if slot.state in (RankState.FINISHED, RankState.FAILED):
+            return
+        if slot.state is RankState.RUNNING:
+            self._running -= 1
+        slot.state = state
+        slot.waiting_on = None
+        self._check_deadlock_locked()
+
+    # -- collectives ------------------------------------------------------
+
+    def join_collective(
+        self,
+        group: GroupInfo,
+        seq: int,
+        call: Call,
+        complete: Callable[[list[Call]], None],
+        verify: Callable[[GroupInfo, int, list[Call]], None],
+    ) -> PendingCollective:
+        """Add this rank's call; the last member to join runs ``complete``."""
+        key = (group.name, seq)
+        with self._lock:
+            self._raise_if_aborted(call.rank)
+            pending = self._pending.get(key)
+            if pending is None:
+                pending = PendingCollective(group, seq)
+                self._pending[key] = pending
+            if call.group_rank in pending.calls:
+                raise SimulationError(
+                    f"internal: rank {call.rank} joined {pending.describe()} twice"
+                )
+            pending.calls[call.group_rank] = call
+            if len(pending.calls) < len(group.ranks):
+                # A peer that has already left can never join: fail now.
+                self._check_deadlock_locked()
+                return pending
+            pending.completing = True
+            del self._pending[key]
+        calls = [pending.calls[i] for i in range(len(group.ranks))]
+        error: BaseException | None = None
+        try:
+            verify(group, seq, calls)
+            complete(calls)
+        except BaseException as exc:  # delivered to every member
+            error = exc
+        with self._lock:
+            pending.error = error
+            pending.done = True
+            for r in group.ranks:
+                self._wake_locked(r, pending)
+        return pending
+
+    # -- point to point ---------------------------------------------------
+
+    def post_p2p(self, op: P2POp, deliver: Callable[[P2POp, P2POp], None]) -> None:
+        """Post a send or a recv; match it with the oldest opposite one."""
+        key = (op.group.name, op.src, op.dst, op.tag)
+        me = op.src if op.kind == "send" else op.dst
+        with self._lock:
+            self._raise_if_aborted(me)
+            mine, theirs = (self._sends, self._recvs) if op.kind == "send" else (self._recvs, self._sends)
+            queue = theirs.get(key)
+            if not queue:
+                mine.setdefault(key, deque()).append(op)
+                self._check_deadlock_locked()
+                return
+            other = queue.popleft()
+            send, recv = (op, other) if op.kind == "send" else (other, op)
+            try:
+                deliver(send, recv)
+            except BaseException as exc:
+                send.error = recv.error = exc
+            send.done = recv.done = True
+            self._wake_locked(other.src if other.kind == "send" else other.dst, other)
+
+    # -- waiting ----------------------------------------------------------
+
+    def wait(self, rank: int, waitable: Waitable, timeout: float | None = None) -> None:
+        """Block ``rank`` until ``waitable`` is done; raise its error if any."""
+        slot = self._slots[rank]
+        while True:
+            with self._lock:
+                if waitable.done:
+                    if slot.state is RankState.WAITING:
+                        slot.state = RankState.RUNNING
+                        slot.waiting_on = None
+                        self._running += 1
+                    break
+                if self._abort is not None:
+                    self._raise_if_aborted(rank)
+                if slot.state is RankState.RUNNING:
+                    slot.state = RankState.WAITING
+                    slot.waiting_on = waitable
+                    self._running -= 1
+                    self._check_deadlock_locked()
+                    if self._abort is not None:
+                        continue  # the check above aborted: raise on the next pass
+            slot.parker.park(_POLL_S)
+        if waitable.error is not None:
+            raise _copy_error(waitable.error)
+
+    def _wake_locked(self, rank: int, waitable: Waitable) -> None:
+        slot = self._slots[rank]
+        if slot.state is RankState.WAITING and slot.waiting_on is waitable:
+            slot.state = RankState.RUNNING
+            slot.waiting_on = None
+            self._running += 1
+            slot.parker.unpark()
+
+    def _raise_if_aborted(self, rank: int) -> None:
+        if self._abort is None:
+            return
+        slot = self._slots[rank]
+        if slot.state is RankState.WAITING:
+            slot.state = RankState.RUNNING
+            slot.waiting_on = None
+            self._running += 1
+        raise _copy_error(self._abort)
+
+    def _abort_locked(self, error: BaseException) -> None:
+        self._abort = error
+        for slot in self._slots:
+            slot.parker.unpark()
+
+    # -- deadlock detection -----------------------------------------------
+
+    def _check_deadlock_locked(self) -> None:
+        if self._abort is not None:
+            return
+        waiting = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
+        if not waiting:
+            return
+        gone = {
+            r for r, s in enumerate(self._slots)
+            if s.state in (RankState.FINISHED, RankState.FAILED)
+        }
+        stuck_on_gone = [
+            r for r in waiting
+            if any(p in gone for p in self._slots[r].waiting_on.needed_ranks())  # type: ignore[union-attr]
+        ]
+        if self._running > 0 and not stuck_on_gone:
+            return
+        reason = (
+            "every live rank is waiting and no pending call can complete"
+            if self._running == 0
+            else "rank(s) {} wait on a peer that has already {}".format(
+                stuck_on_gone, "finished or failed"
+            )
+        )
+        self._abort_locked(DeadlockError(self.report(f"deadlock: {reason}")))
+
+    def report(self, headline: str) -> str:
+        """Every rank's state, pending call and user stack (call with the lock held)."""
+        frames = sys._current_frames()
+        lines = [headline]
+        for rank, slot in enumerate(self._slots):
+            where = self._describe_rank(rank)
+            if slot.state is RankState.WAITING and slot.waiting_on is not None:
+                w = slot.waiting_on
+                needed = list(w.needed_ranks())
+                lines.append(
+                    f"  rank {rank} ({where}): waiting in {w.describe()}"
+                    + (f"; still missing rank(s) {needed}" if needed else "")
+                )
+                frame = frames.get(slot.thread_id) if slot.thread_id is not None else None
+                lines.extend("      " + s for s in stacks.user_stack(frame))
+            else:
+                lines.append(f"  rank {rank} ({where}): {slot.state.value}")
+        unmatched = [
+            op for q in list(self._sends.values()) + list(self._recvs.values()) for op in q
+        ]
+        if unmatched:
+            lines.append("  unmatched point-to-point operations:")
+            lines.extend(
+                f"    rank {op.src if op.kind == 'send' else op.dst}: {op.describe()} at {op.site}"
+                for op in unmatched
+            )
+        return "\n".join(lines)
+
+    def leftovers(self) -> str | None:
+        """After every rank has left: calls that never completed, or None."""
+        with self._lock:
+            items = [f"  {p.describe()}: joined by group ranks {sorted(p.calls)}" for p in self._pending.values()]
+            items += [
+                f"  rank {op.src}: {op.describe()} at {op.site}"
+                for q in self._sends.values() for op in q
+            ]
+            items += [
+                f"  rank {op.dst}: {op.describe()} at {op.site}"
+                for q in self._recvs.values() for op in q
+            ]
+        if not items:
+            return None
+        return "calls that were issued but never completed:\n" + "\n".join(items)
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """A fresh instance per rank, so tracebacks of different threads don't mix."""
+    try:
+        fresh = type(error)(*error.args)
+    except Exception:
+        return error
+    fresh.__cause__ = error.__cause__
+    return fresh

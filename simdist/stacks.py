@@ -1,0 +1,54 @@
+"""Where user code called from: call sites and stacks without simdist's frames."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from types import FrameType
+
+import torch
+
+_SIMDIST_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_THREADING_FILE = os.path.abspath(__import__("threading").__file__)
+# Frames in these places are plumbing, not the user's program.
+_HIDDEN = (_SIMDIST_DIR + os.sep, os.path.join(_TORCH_DIR, "distributed") + os.sep)
+
+
+def _is_user(filename: str) -> bool:
+    return not filename.startswith(_HIDDEN) and filename != _THREADING_FILE
+
+
+def _short(filename: str) -> str:
+    """A path relative to the working directory when inside it (never absolute
+    paths of this machine in reports meant to be pasted into issues)."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return os.path.basename(filename)
+    return os.path.basename(filename) if rel.startswith("..") else rel
+
+
+def call_site(skip: int = 1) -> str:
+    """``file:line`` of the nearest user frame above the caller."""
+    frame: FrameType | None = sys._getframe(skip)
+    for _ in range(40):
+        if frame is None:
+            break
+        filename = frame.f_code.co_filename
+        if _is_user(filename):
+            return f"{_short(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def user_stack(frame: FrameType | None, limit: int = 12) -> list[str]:
+    """The user's frames of a (blocked) thread, innermost last."""
+    if frame is None:
+        return []
+    out = []
+    for fs in traceback.extract_stack(frame):
+        if _is_user(os.path.abspath(fs.filename)):
+            out.append(f"{_short(fs.filename)}:{fs.lineno} in {fs.name}")
+    return out[-limit:]
