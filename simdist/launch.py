@@ -144,11 +144,12 @@ def run_processes(
             proc.start()
             procs[rank] = proc
         killed, timed_out = _wait_for_world(procs, timeout)
-        outcomes = {rank: _read_outcome(workdir, rank, procs[rank]) for rank in range(size)}
+        outcomes = {rank: _read_outcome(workdir, rank) for rank in range(size)}
+        exitcodes = {rank: procs[rank].exitcode for rank in range(size)}
     finally:
         _kill_all(procs.values())
         shutil.rmtree(workdir, ignore_errors=True)
-    return _collect(outcomes, killed, timed_out, timeout)
+    return _collect(outcomes, exitcodes, killed, timed_out, timeout)
 
 
 def _check_world(layout: Layout | None, world_size: int | None) -> int:
@@ -268,9 +269,7 @@ def _outcome_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"outcome-{rank}.pkl")
 
 
-def _read_outcome(
-    workdir: str, rank: int, proc: multiprocessing.process.BaseProcess
-) -> _Outcome | None:
+def _read_outcome(workdir: str, rank: int) -> _Outcome | None:
     """The rank's outcome, or None when it left none (killed, crashed)."""
     path = _outcome_path(workdir, rank)
     if not os.path.exists(path):
@@ -292,7 +291,11 @@ def _read_outcome(
 
 
 def _collect(
-    outcomes: dict[int, _Outcome | None], killed: list[int], timed_out: bool, timeout: float
+    outcomes: dict[int, _Outcome | None],
+    exitcodes: dict[int, int | None],
+    killed: list[int],
+    timed_out: bool,
+    timeout: float,
 ) -> list[Any]:
     if all(o is not None and o.ok for o in outcomes.values()):
         return [outcomes[rank].value for rank in sorted(outcomes)]  # type: ignore[union-attr]
@@ -322,8 +325,13 @@ def _collect(
         failures[rank] = _rebuild_exception(outcome)
         lines.append(f"rank {rank} raised {outcome.type_name}: {outcome.message}")
     for rank in crashed:
-        failures[rank] = RemoteError(f"rank {rank} exited without reporting an outcome")
-        lines.append(f"rank {rank} exited without reporting a result (crashed or killed by the OS)")
+        why = (
+            f"rank {rank} exited with code {exitcodes[rank]} without reporting a result: it "
+            f"crashed, was killed by the OS, or failed while starting (its stderr says why; "
+            f"a script that launches worlds needs an `if __name__ == \"__main__\":` guard)"
+        )
+        failures[rank] = RemoteError(why)
+        lines.append(why)
 
     first_rank = errors[0][0] if errors else crashed[0]
     message = "; ".join(lines)

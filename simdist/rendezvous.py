@@ -149,6 +149,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._slots = [_RankSlot() for _ in range(world_size)]
         self._running = world_size
+        self._gone: set[int] = set()  # ranks that finished or failed
         self._pending: dict[tuple[str, int], PendingCollective] = {}
         # P2P channels: (group name, src, dst, tag) -> unmatched sends / recvs.
         self._sends: dict[tuple[str, int, int, int], deque[P2POp]] = {}
@@ -201,6 +202,7 @@ class Scheduler:
         if slot.state is RankState.RUNNING:
             self._running -= 1
         slot.state = state
+        self._gone.add(rank)
         slot.waiting_on = None
         self._check_deadlock_locked()
 
@@ -228,8 +230,7 @@ class Scheduler:
                 )
             pending.calls[call.group_rank] = call
             if len(pending.calls) < len(group.ranks):
-                # A peer that has already left can never join: fail now.
-                self._check_deadlock_locked()
+                # A peer that has already left is noticed when this rank waits.
                 return pending
             pending.completing = True
             del self._pending[key]
@@ -322,15 +323,14 @@ class Scheduler:
     # -- deadlock detection -----------------------------------------------
 
     def _check_deadlock_locked(self) -> None:
-        if self._abort is not None:
+        # Runs on every state change, so the common case (someone still running,
+        # nobody gone) must be O(1).
+        if self._abort is not None or (self._running > 0 and not self._gone):
             return
         waiting = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
         if not waiting:
             return
-        gone = {
-            r for r, s in enumerate(self._slots)
-            if s.state in (RankState.FINISHED, RankState.FAILED)
-        }
+        gone = self._gone
         stuck_on_gone = [
             r for r in waiting
             if any(p in gone for p in self._slots[r].waiting_on.needed_ranks())  # type: ignore[union-attr]

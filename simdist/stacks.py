@@ -30,15 +30,25 @@ def _short(filename: str) -> str:
     return os.path.basename(filename) if rel.startswith("..") else rel
 
 
+# code object -> short file name of user code, or None for plumbing. Every
+# collective asks for its call site, so path work is done once per function.
+_site_cache: dict[object, str | None] = {}
+
+
 def call_site(skip: int = 1) -> str:
     """``file:line`` of the nearest user frame above the caller."""
     frame: FrameType | None = sys._getframe(skip)
     for _ in range(40):
         if frame is None:
             break
-        filename = frame.f_code.co_filename
-        if _is_user(filename):
-            return f"{_short(filename)}:{frame.f_lineno}"
+        code = frame.f_code
+        try:
+            short = _site_cache[code]
+        except KeyError:
+            filename = os.path.abspath(code.co_filename)
+            short = _site_cache[code] = _short(filename) if _is_user(filename) else None
+        if short is not None:
+            return f"{short}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
 
