@@ -14,14 +14,19 @@ from .errors import (
     SimulationTimeout,
     UnsupportedOperationError,
 )
+from .faults import Fault, FaultPlan, InjectedFault
 from .layout import Coords, Layout
 from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
+from .retry import RetryOutcome, run_with_retry
 from .world import run
 
 __all__ = [
     "CollectiveMismatchError",
     "Coords",
     "DeadlockError",
+    "Fault",
+    "FaultPlan",
+    "InjectedFault",
     "Groups",
     "Layout",
     "PeerFailedError",
@@ -29,6 +34,7 @@ __all__ = [
     "RankError",
     "RankOrder",
     "ReductionModel",
+    "RetryOutcome",
     "Ring",
     "Shuffled",
     "SimulationError",
@@ -36,5 +42,6 @@ __all__ = [
     "Tree",
     "UnsupportedOperationError",
     "run",
+    "run_with_retry",
 ]
 __version__ = "0.1.0"

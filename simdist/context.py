@@ -50,6 +50,8 @@ class RankContext:
     layout: Layout | None
     device: torch.device
     groups: Groups
+    attempt: int = 0  # 0 on the first run; run_with_retry counts retries from 1
+    seed: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

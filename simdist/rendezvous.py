@@ -54,6 +54,8 @@ class Call:
     fingerprint: tuple[tuple[str, Any], ...]
     site: str
     payload: dict[str, Any]
+    record: Any = None  # the flight recorder's entry
+    injected: BaseException | None = None  # a fault that fails the whole call
 
 
 class Waitable:
@@ -100,7 +102,7 @@ class P2POp(Waitable):
     site: str
     done: bool = False
     error: BaseException | None = None
-    peer_src: int | None = None  # for recv from any source: who sent
+    record: Any = None  # the flight recorder's entry
 
     def needed_ranks(self) -> Sequence[int]:
         if self.done:
@@ -143,9 +145,15 @@ class _RankSlot:
 class Scheduler:
     """The matching state of one simulated world."""
 
-    def __init__(self, world_size: int, describe_rank: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        describe_rank: Callable[[int], str],
+        on_done: Callable[[Waitable], None] = lambda w: None,
+    ) -> None:
         self.world_size = world_size
         self._describe_rank = describe_rank
+        self._on_done = on_done
         self._lock = threading.Lock()
         self._slots = [_RankSlot() for _ in range(world_size)]
         self._running = world_size
@@ -244,6 +252,7 @@ class Scheduler:
         with self._lock:
             pending.error = error
             pending.done = True
+            self._on_done(pending)
             for r in group.ranks:
                 self._wake_locked(r, pending)
         return pending
@@ -269,7 +278,25 @@ class Scheduler:
             except BaseException as exc:
                 send.error = recv.error = exc
             send.done = recv.done = True
+            self._on_done(send)
+            self._on_done(recv)
             self._wake_locked(other.src if other.kind == "send" else other.dst, other)
+
+    def fail_group(self, name: str, error: BaseException) -> None:
+        """Fail every pending call on communicator ``name`` (an abort)."""
+        with self._lock:
+            for key in [k for k in self._pending if k[0] == name]:
+                pending = self._pending.pop(key)
+                pending.error, pending.done = error, True
+                self._on_done(pending)
+                for r in pending.group.ranks:
+                    self._wake_locked(r, pending)
+            for table in (self._sends, self._recvs):
+                for key in [k for k in table if k[0] == name]:
+                    for op in table.pop(key):
+                        op.error, op.done = error, True
+                        self._on_done(op)
+                        self._wake_locked(op.src if op.kind == "send" else op.dst, op)
 
     # -- waiting ----------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import sys
 import threading
 import time
@@ -29,9 +30,11 @@ from .errors import (
     SimulationError,
     SimulationTimeout,
 )
+from .faults import BackendError, FaultPlan, FaultState, InjectedFault, contribution, corrupt_
 from .layout import Layout
 from .reduction import ReductionModel, make_model
-from .rendezvous import Call, GroupInfo, P2POp, Scheduler
+from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
+from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 
 DEFAULT_TIMEOUT_S = 300.0
 # After the watchdog interrupts stuck ranks, how long to wait for them to unwind.
@@ -42,12 +45,16 @@ class World:
     """The shared state of one simulation (implements ``backend.WorldHooks``)."""
 
     def __init__(self, layout: Layout | None, world_size: int, reduction: ReductionModel,
-                 timeout: float) -> None:
+                 timeout: float, faults: FaultPlan | None = None, keep_trace: bool = False,
+                 flight_records: int = DEFAULT_RECORDS) -> None:
         self.layout = layout
         self.world_size = world_size
         self.reduction = reduction
         self.timeout = timeout
-        self.scheduler = Scheduler(world_size, self.describe_rank)
+        self.recorder = Recorder(world_size, keep=flight_records, keep_all=keep_trace)
+        self.faults = FaultState(faults, layout) if faults else None
+        self._aborted_groups: dict[str, BaseException] = {}
+        self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done)
         self.store = dist.HashStore()
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
@@ -88,12 +95,69 @@ class World:
     # -- per-call hooks -----------------------------------------------------
 
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
-        pass
+        """Record the call and apply any fault due (runs on the calling rank)."""
+        self._raise_if_group_aborted(group)
+        call.record = self.recorder.start(call.rank, seq, group.describe(), call.op,
+                                          tensors_of(call.payload), call.site)
+        if self.faults is None:
+            return
+        for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
+            where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
+            self._apply(fault.kind, fault, where, group, contribution(call.op, call.payload), call)
 
     def before_p2p(self, op: P2POp) -> None:
-        pass
+        me = op.src if op.kind == "send" else op.dst
+        self._raise_if_group_aborted(op.group)
+        op.record = self.recorder.start(me, -1, op.group.describe(), op.kind, [op.tensor], op.site)
+        if self.faults is None:
+            return
+        for fault in self.faults.due(me, op.kind, op.group.describe(), -1):
+            where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
+            self._apply(fault.kind, fault, where, op.group, [op.tensor] if op.kind == "send" else [], None)
+
+    def _apply(self, kind: str, fault: object, where: str, group: GroupInfo,
+               contrib: list, call: Call | None) -> None:
+        if kind == "crash":
+            raise InjectedFault(f"injected crash at {where}")
+        if kind == "delay":
+            time.sleep(fault.seconds)  # type: ignore[attr-defined]
+        elif kind == "corrupt":
+            for t in contrib:
+                corrupt_(t, fault.mode)  # type: ignore[attr-defined]
+        elif kind == "timeout":
+            error = BackendError(
+                f"simdist: injected watchdog timeout: {where} never completed, so every "
+                f"member of {group.describe()} fails (as NCCL's watchdog reports a timed-out collective)"
+            )
+            if call is None:
+                raise error
+            call.injected = error
+        elif kind == "abort":
+            error = BackendError(
+                f"simdist: communicator {group.describe()} was aborted at {where}; every pending "
+                f"and later call on it fails until the world is rebuilt"
+            )
+            self._aborted_groups[group.name] = error
+            self.scheduler.fail_group(group.name, error)
+            raise BackendError(*error.args)
+
+    def _raise_if_group_aborted(self, group: GroupInfo) -> None:
+        error = self._aborted_groups.get(group.name)
+        if error is not None:
+            raise BackendError(*error.args)
+
+    def _on_done(self, waitable: Waitable) -> None:
+        failed = waitable.error is not None
+        if isinstance(waitable, PendingCollective):
+            for call in waitable.calls.values():
+                Recorder.finish(call.record, failed)
+        else:
+            Recorder.finish(getattr(waitable, "record", None), failed)
 
     def verify(self, group: GroupInfo, seq: int, calls: list[Call]) -> None:
+        for call in calls:
+            if call.injected is not None:
+                raise call.injected
         first = calls[0].fingerprint
         if all(c.fingerprint == first for c in calls[1:]):
             return
@@ -146,6 +210,10 @@ def run(
     kwargs: Mapping[str, Any] | None = None,
     reduction: str | ReductionModel = "rank",
     seed: int = 0,
+    faults: FaultPlan | None = None,
+    trace: str | os.PathLike[str] | None = None,
+    flight_records: int = DEFAULT_RECORDS,
+    attempt: int = 0,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
@@ -154,6 +222,11 @@ def run(
     when no pending call could ever complete, ``CollectiveMismatchError`` when
     members of a group called different collectives, ``SimulationTimeout`` when
     ranks were still running after ``timeout`` seconds.
+
+    ``reduction`` picks the reduction-order model ("rank", "ring", "tree",
+    "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
+    ``trace`` writes a Chrome/Perfetto trace of every call to that path;
+    ``flight_records`` is how many recent calls per rank errors quote.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -162,7 +235,12 @@ def run(
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     kwargs = dict(kwargs or {})
     devices = [_resolve_device(device, r) for r in range(n)]
-    world = World(layout, n, make_model(reduction, seed), float(timeout))
+    if faults is not None and not isinstance(faults, FaultPlan):
+        raise TypeError(f"faults must be a simdist.FaultPlan, got {type(faults).__name__}")
+    if isinstance(flight_records, bool) or not isinstance(flight_records, int) or flight_records < 1:
+        raise ValueError(f"flight_records must be a positive int, got {flight_records!r}")
+    world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
+                  keep_trace=trace is not None, flight_records=flight_records)
 
     register_backend()
     results: list[Any] = [None] * n
@@ -182,7 +260,7 @@ def run(
                 )
                 ctx = RankContext(
                     rank=rank, world_size=n, layout=layout, device=devices[rank],
-                    groups=build_groups(layout),
+                    groups=build_groups(layout), attempt=attempt, seed=seed,
                 )
                 results[rank] = fn(ctx, *args, **kwargs)
             world.scheduler.rank_finished(rank)
@@ -204,6 +282,8 @@ def run(
         timed_out = _join_all(threads, world, float(timeout))
     finally:
         c10d_state.uninstall()
+        if trace is not None:
+            world.recorder.write_chrome_trace(trace, world.describe_rank)
     return _outcome(world, results, failures, timed_out)
 
 
@@ -245,18 +325,19 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
 def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],
              timed_out: str | None) -> list[Any]:
     sched = world.scheduler
+    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
     if timed_out is not None:
-        raise SimulationTimeout(timed_out)
+        raise SimulationTimeout(f"{timed_out}\n{tail}")
     first = sched.first_failure
     abort = sched.aborted
     if first is None and isinstance(abort, SimulationError) and not isinstance(abort, PeerFailedError):
-        err = type(abort)(str(abort))
+        err = type(abort)(f"{abort}\n{tail}")
         err.failures = failures  # type: ignore[attr-defined]
         raise err
     if first is not None:
         rank, exc = first
         if isinstance(exc, (CollectiveMismatchError, DeadlockError)):
-            err2 = type(exc)(f"rank {rank} ({world.describe_rank(rank)}): {exc}")
+            err2 = type(exc)(f"{exc}\n{tail}")
             err2.failures = failures  # type: ignore[attr-defined]
             raise err2 from exc
         independent = {r: e for r, e in failures.items() if r not in sched.released}
@@ -267,8 +348,9 @@ def _outcome(world: World, results: list[Any], failures: dict[int, BaseException
         released = sorted(sched.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")
+        lines.append(tail)
         raise RankError("\n".join(lines), independent, released) from exc
     leftovers = sched.leftovers()
     if leftovers is not None:
-        raise DeadlockError("every rank returned, but " + leftovers)
+        raise DeadlockError(f"every rank returned, but {leftovers}\n{tail}")
     return results

@@ -1,0 +1,123 @@
+"""Flight recorder (each rank's last N calls) and Chrome/Perfetto trace export."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+
+DEFAULT_RECORDS = 32
+
+
+@dataclass
+class Record:
+    """One collective or point-to-point call as seen by one rank."""
+
+    rank: int
+    seq: int  # per group; -1 for point-to-point
+    group: str  # label, e.g. "dp [0, 2]"
+    op: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    nbytes: int
+    site: str
+    start: float
+    end: float | None = None
+    state: str = "started"  # started -> completed | failed
+
+    def line(self, t0: float) -> str:
+        dur = "" if self.end is None else f" {1e3 * (self.end - self.start):.3f} ms"
+        seq = "" if self.seq < 0 else f" seq {self.seq}"
+        return (
+            f"{self.op} on {self.group}{seq} shapes {list(map(list, self.shapes))} "
+            f"{'/'.join(self.dtypes)} {self.nbytes} B at {self.site}: {self.state}"
+            f" (t={1e3 * (self.start - t0):.3f} ms{dur})"
+        )
+
+
+def tensors_of(payload: Any) -> list[torch.Tensor]:
+    """Every tensor in a call's payload (lists flattened)."""
+    out: list[torch.Tensor] = []
+    items: Iterable[Any] = payload.values() if isinstance(payload, dict) else payload
+    for v in items:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(x for x in v if isinstance(x, torch.Tensor))
+    return out
+
+
+class Recorder:
+    """Per-rank ring buffers of records, and optionally the full history."""
+
+    def __init__(self, world_size: int, keep: int = DEFAULT_RECORDS, keep_all: bool = False) -> None:
+        self.t0 = time.perf_counter()
+        self._rings = [deque(maxlen=keep) for _ in range(world_size)]
+        self._all: list[Record] | None = [] if keep_all else None
+        self._lock = threading.Lock()
+
+    def start(self, rank: int, seq: int, group: str, op: str,
+              tensors: Sequence[torch.Tensor], site: str) -> Record:
+        rec = Record(
+            rank=rank, seq=seq, group=group, op=op,
+            shapes=tuple(tuple(t.shape) for t in tensors),
+            dtypes=tuple(sorted({str(t.dtype).replace("torch.", "") for t in tensors})),
+            nbytes=sum(t.numel() * t.element_size() for t in tensors),
+            site=site, start=time.perf_counter(),
+        )
+        self._rings[rank].append(rec)  # deque.append is atomic; one writer per rank
+        if self._all is not None:
+            with self._lock:
+                self._all.append(rec)
+        return rec
+
+    @staticmethod
+    def finish(rec: Record | None, failed: bool) -> None:
+        if rec is not None and rec.end is None:
+            rec.end = time.perf_counter()
+            rec.state = "failed" if failed else "completed"
+
+    def tail(self, ranks: Iterable[int] | None = None, last: int = 4) -> str:
+        lines = ["last calls per rank (flight recorder):"]
+        for rank, ring in enumerate(self._rings):
+            if ranks is not None and rank not in ranks:
+                continue
+            recs = list(ring)[-last:]
+            if not recs:
+                lines.append(f"  rank {rank}: no calls")
+                continue
+            lines.append(f"  rank {rank}:")
+            lines.extend("    " + r.line(self.t0) for r in recs)
+        return "\n".join(lines)
+
+    def records(self, rank: int) -> list[Record]:
+        return list(self._rings[rank])
+
+    def write_chrome_trace(self, path: str | os.PathLike[str], describe_rank: Any) -> None:
+        """One track per rank, one slice per call, coloured by group."""
+        events: list[dict[str, Any]] = []
+        names = sorted({r.group for r in (self._all or [])})
+        palette = ["thread_state_running", "thread_state_iowait", "rail_response", "rail_animation",
+                   "good", "bad", "terrible", "generic_work", "cq_build_passed", "olive", "yellow"]
+        colour = {g: palette[i % len(palette)] for i, g in enumerate(names)}
+        world_size = len(self._rings)
+        for rank in range(world_size):
+            events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": rank,
+                           "args": {"name": f"rank {rank} ({describe_rank(rank)})"}})
+        for r in self._all or []:
+            end = r.end if r.end is not None else time.perf_counter()
+            events.append({
+                "name": r.op, "cat": r.group, "ph": "X", "pid": 0, "tid": r.rank,
+                "ts": 1e6 * (r.start - self.t0), "dur": max(1e6 * (end - r.start), 0.01),
+                "cname": colour[r.group],
+                "args": {"group": r.group, "seq": r.seq, "shapes": [list(s) for s in r.shapes],
+                         "dtypes": list(r.dtypes), "bytes": r.nbytes, "site": r.site, "state": r.state},
+            })
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
