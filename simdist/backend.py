@@ -82,6 +82,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._world = world
         self._scheduler: Scheduler = world.scheduler
         self._global_rank = rank
+        self._group_rank = group.ranks.index(rank)  # rank() is a pybind call; this is hot
         self._info = group
         self._seq = 0
         self._name = group.name
@@ -109,7 +110,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     @property
     def info(self) -> GroupInfo:
-        return self._world.group_info(self._info.name)
+        return self._info
 
     def __repr__(self) -> str:
         return f"SimProcessGroup({self.info.describe()}, rank={self._global_rank})"
@@ -130,7 +131,7 @@ class SimProcessGroup(dist.ProcessGroup):
         call = Call(
             op=op,
             rank=self._global_rank,
-            group_rank=self.rank(),
+            group_rank=self._group_rank,
             fingerprint=(("op", op),) + fingerprint,
             site=stacks.call_site(3),
             payload=payload,

@@ -28,8 +28,25 @@ def op_name(op: object) -> str:
     return name.split(".")[-1].upper()
 
 
+_checked: dict[tuple[object, torch.dtype], str] = {}
+
+
 def check_reduce_op(op: object, dtype: torch.dtype, collective: str) -> str:
     """Validate ``op`` for ``dtype``; return its name. Raises a clear error."""
+    key = (getattr(op, "op", op), dtype)
+    try:
+        return _checked[key]
+    except (KeyError, TypeError):
+        pass
+    name = _check_reduce_op(op, dtype, collective)
+    try:
+        _checked[key] = name
+    except TypeError:
+        pass  # unhashable custom op objects are checked every time
+    return name
+
+
+def _check_reduce_op(op: object, dtype: torch.dtype, collective: str) -> str:
     name = op_name(op)
     if name not in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", *_INTEGER_ONLY):
         raise UnsupportedOperationError(

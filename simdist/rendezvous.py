@@ -32,9 +32,13 @@ class RankState(enum.Enum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class GroupInfo:
-    """A communicator: its c10d name, member global ranks (group-rank order), label."""
+    """A communicator: its c10d name, member global ranks (group-rank order), label.
+
+    Shared by the members' group objects; the label is refined once c10d tells
+    a group its description (e.g. "dp/dp_cp"), hence mutable.
+    """
 
     name: str
     ranks: tuple[int, ...]

@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -15,28 +14,52 @@ import torch
 DEFAULT_RECORDS = 32
 
 
-@dataclass
 class Record:
-    """One collective or point-to-point call as seen by one rank."""
+    """One collective or point-to-point call as seen by one rank.
 
-    rank: int
-    seq: int  # per group; -1 for point-to-point
-    group: str  # label, e.g. "dp [0, 2]"
-    op: str
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-    nbytes: int
-    site: str
-    start: float
-    end: float | None = None
-    state: str = "started"  # started -> completed | failed
+    Built on every call, so it stores cheap references (the group, torch.Size
+    objects, dtypes) and renders text only when a report or trace asks.
+    """
+
+    __slots__ = ("rank", "seq", "group", "op", "shapes", "dtypes", "site", "start", "end", "state")
+
+    def __init__(self, rank: int, seq: int, group: Any, op: str, tensors: Sequence[torch.Tensor],
+                 site: str) -> None:
+        self.rank = rank
+        self.seq = seq  # per group; -1 for point-to-point
+        self.group = group  # a GroupInfo; its label may be refined after creation
+        self.op = op
+        self.shapes = [t.shape for t in tensors]
+        self.dtypes = [t.dtype for t in tensors]
+        self.site = site
+        self.start = time.perf_counter()
+        self.end: float | None = None
+        self.state = "started"  # started -> completed | failed
+
+    @property
+    def group_label(self) -> str:
+        return self.group.describe()
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * dtype.itemsize
+        return total
+
+    @property
+    def dtype_names(self) -> list[str]:
+        return sorted({str(d).replace("torch.", "") for d in self.dtypes})
 
     def line(self, t0: float) -> str:
         dur = "" if self.end is None else f" {1e3 * (self.end - self.start):.3f} ms"
         seq = "" if self.seq < 0 else f" seq {self.seq}"
         return (
-            f"{self.op} on {self.group}{seq} shapes {list(map(list, self.shapes))} "
-            f"{'/'.join(self.dtypes)} {self.nbytes} B at {self.site}: {self.state}"
+            f"{self.op} on {self.group_label}{seq} shapes {[list(s) for s in self.shapes]} "
+            f"{'/'.join(self.dtype_names)} {self.nbytes} B at {self.site}: {self.state}"
             f" (t={1e3 * (self.start - t0):.3f} ms{dur})"
         )
 
@@ -62,15 +85,9 @@ class Recorder:
         self._all: list[Record] | None = [] if keep_all else None
         self._lock = threading.Lock()
 
-    def start(self, rank: int, seq: int, group: str, op: str,
+    def start(self, rank: int, seq: int, group: Any, op: str,
               tensors: Sequence[torch.Tensor], site: str) -> Record:
-        rec = Record(
-            rank=rank, seq=seq, group=group, op=op,
-            shapes=tuple(tuple(t.shape) for t in tensors),
-            dtypes=tuple(sorted({str(t.dtype).replace("torch.", "") for t in tensors})),
-            nbytes=sum(t.numel() * t.element_size() for t in tensors),
-            site=site, start=time.perf_counter(),
-        )
+        rec = Record(rank, seq, group, op, tensors, site)
         self._rings[rank].append(rec)  # deque.append is atomic; one writer per rank
         if self._all is not None:
             with self._lock:
@@ -102,7 +119,7 @@ class Recorder:
     def write_chrome_trace(self, path: str | os.PathLike[str], describe_rank: Any) -> None:
         """One track per rank, one slice per call, coloured by group."""
         events: list[dict[str, Any]] = []
-        names = sorted({r.group for r in (self._all or [])})
+        names = sorted({r.group_label for r in (self._all or [])})
         palette = ["thread_state_running", "thread_state_iowait", "rail_response", "rail_animation",
                    "good", "bad", "terrible", "generic_work", "cq_build_passed", "olive", "yellow"]
         colour = {g: palette[i % len(palette)] for i, g in enumerate(names)}
@@ -113,11 +130,11 @@ class Recorder:
         for r in self._all or []:
             end = r.end if r.end is not None else time.perf_counter()
             events.append({
-                "name": r.op, "cat": r.group, "ph": "X", "pid": 0, "tid": r.rank,
+                "name": r.op, "cat": r.group_label, "ph": "X", "pid": 0, "tid": r.rank,
                 "ts": 1e6 * (r.start - self.t0), "dur": max(1e6 * (end - r.start), 0.01),
-                "cname": colour[r.group],
-                "args": {"group": r.group, "seq": r.seq, "shapes": [list(s) for s in r.shapes],
-                         "dtypes": list(r.dtypes), "bytes": r.nbytes, "site": r.site, "state": r.state},
+                "cname": colour[r.group_label],
+                "args": {"group": r.group_label, "seq": r.seq, "shapes": [list(s) for s in r.shapes],
+                         "dtypes": r.dtype_names, "bytes": r.nbytes, "site": r.site, "state": r.state},
             })
         with open(path, "w", encoding="utf-8") as fh:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)

@@ -88,16 +88,15 @@ class World:
 
     def label_group(self, name: str, label: str) -> None:
         with self._groups_lock:
-            info = self._groups[name]
-            if info.label != label:
-                self._groups[name] = GroupInfo(info.name, info.ranks, label)
+            self._groups[name].label = label
 
     # -- per-call hooks -----------------------------------------------------
 
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
         """Record the call and apply any fault due (runs on the calling rank)."""
-        self._raise_if_group_aborted(group)
-        call.record = self.recorder.start(call.rank, seq, group.describe(), call.op,
+        if self._aborted_groups:
+            self._raise_if_group_aborted(group)
+        call.record = self.recorder.start(call.rank, seq, group, call.op,
                                           tensors_of(call.payload), call.site)
         if self.faults is None:
             return
@@ -108,7 +107,7 @@ class World:
     def before_p2p(self, op: P2POp) -> None:
         me = op.src if op.kind == "send" else op.dst
         self._raise_if_group_aborted(op.group)
-        op.record = self.recorder.start(me, -1, op.group.describe(), op.kind, [op.tensor], op.site)
+        op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
         if self.faults is None:
             return
         for fault in self.faults.due(me, op.kind, op.group.describe(), -1):
