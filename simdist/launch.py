@@ -51,7 +51,7 @@ __all__ = [
 
 # After the first rank fails, how long its peers may take to report their own
 # (possibly independent) failures before the rest of the world is killed.
-_FAILURE_GRACE_S = 2.0
+_FAILURE_GRACE_S = 5.0
 _KILL_JOIN_S = 5.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -118,7 +118,10 @@ def run_processes(
     Raises ``RankError`` when a rank raises (its ``failures`` map ranks to
     their exceptions, each chained to a ``RemoteTraceback``), and
     ``SimulationTimeout`` when the world has not finished within ``timeout``
-    seconds; in both cases every process has been killed and reaped.
+    seconds (process start-up included); in both cases every process has been
+    killed and reaped. ``start_method`` is "forkserver" (default where
+    available: later worlds fork from an interpreter with torch imported) or
+    "spawn".
     """
     size = _check_world(layout, world_size)
     kwargs = {} if kwargs is None else kwargs
@@ -139,7 +142,9 @@ def run_processes(
                 target=_worker_main,
                 args=(rank, size, layout, backend, device, timeout, workdir, payload),
                 name=f"simdist-rank-{rank}",
-                daemon=True,
+                # Not daemonic: a daemon may not start children, and rank bodies
+                # may (DataLoader workers). The finally below reaps every rank.
+                daemon=False,
             )
             proc.start()
             procs[rank] = proc

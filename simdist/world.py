@@ -278,7 +278,13 @@ def run(
         ]
         for t in threads:
             t.start()
-        timed_out = _join_all(threads, world, float(timeout))
+        try:
+            timed_out = _join_all(threads, world, float(timeout))
+        except BaseException:
+            # Ctrl-C (or any error) in the caller: take the ranks down before
+            # the per-thread c10d state is removed from under them.
+            _interrupt(threads, world, SimulationError("run() was interrupted"))
+            raise
     finally:
         c10d_state.uninstall()
         if trace is not None:
@@ -304,21 +310,29 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
         lines.append(f"  rank {rank} ({world.describe_rank(rank)}):")
         lines.extend("      " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
     report = "\n".join(lines)
-    world.scheduler.abort(SimulationTimeout(report))
-    for t in alive:
-        # Interrupts Python-level loops; a thread blocked inside C code stays
-        # stuck, and is reported as such below.
-        if t.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(t.ident), ctypes.py_object(SimulationTimeout)
-            )
-    grace = time.monotonic() + _GRACE_S
-    for t in alive:
-        t.join(max(0.0, grace - time.monotonic()))
-    still = [t.name for t in alive if t.is_alive()]
+    still = _interrupt(alive, world, SimulationTimeout(report))
     if still:
         report += f"\n  could not interrupt {still} (blocked in native code); they are daemon threads"
     return report
+
+
+def _interrupt(threads: list[threading.Thread], world: World, error: SimulationError) -> list[str]:
+    """Abort the world, raise ``error``'s type in running ranks, join them.
+
+    Returns the names of threads that did not stop within the grace period.
+    """
+    world.scheduler.abort(error)
+    for t in threads:
+        # Interrupts Python-level loops; a thread blocked inside C code stays
+        # stuck, and is reported by the caller.
+        if t.is_alive() and t.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(t.ident), ctypes.py_object(type(error))
+            )
+    grace = time.monotonic() + _GRACE_S
+    for t in threads:
+        t.join(max(0.0, grace - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
 
 
 def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],
