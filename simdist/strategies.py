@@ -62,7 +62,10 @@ def token_masks(
             elif kind == "first_only":
                 rows.append([1] + [0] * (seq_len - 1))
             else:
-                rows.append(draw(st.lists(st.integers(0, 1), min_size=seq_len, max_size=seq_len)))
+                row = draw(st.lists(st.integers(0, 1), min_size=seq_len, max_size=seq_len))
+                if not allow_empty_rows and not any(row):
+                    row[draw(st.integers(0, seq_len - 1))] = 1
+                rows.append(row)
         return torch.tensor(rows, dtype=torch.long)
 
     return build()
