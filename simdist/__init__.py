@@ -15,6 +15,7 @@ from .errors import (
     UnsupportedOperationError,
 )
 from .faults import Fault, FaultPlan, InjectedFault
+from .launch import run_processes
 from .layout import Coords, Layout
 from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
 from .retry import RetryOutcome, run_with_retry
@@ -42,6 +43,7 @@ __all__ = [
     "Tree",
     "UnsupportedOperationError",
     "run",
+    "run_processes",
     "run_with_retry",
 ]
 __version__ = "0.1.0"
