@@ -134,10 +134,12 @@ class SimProcessGroup(dist.ProcessGroup):
             group_rank=self._group_rank,
             fingerprint=(("op", op),) + fingerprint,
             site=stacks.call_site(3),
-            payload=payload,
+            payload=_detached(payload),
         )
         self._world.before_call(call, info, seq)
-        pending = self._scheduler.join_collective(info, seq, call, complete, self._world.verify)
+        pending = self._scheduler.join_collective(
+            info, seq, call, _outside_autograd(complete), self._world.verify
+        )
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
@@ -434,7 +436,7 @@ class SimProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "recv")
         info = self.info
         peer = self._peer(src, "recv", "src")
-        op = P2POp("recv", info, peer, self._global_rank, tag, t, stacks.call_site(2))
+        op = P2POp("recv", info, peer, self._global_rank, tag, t.detach(), stacks.call_site(2))
         self._world.before_p2p(op)
         self._scheduler.post_p2p(op, _deliver)
         return SimWork(self._scheduler, self._global_rank, op, [t])
@@ -464,6 +466,35 @@ class SimProcessGroup(dist.ProcessGroup):
         raise UnsupportedOperationError("coalescing managers are not supported by simdist")
 
 
+def _detached(payload: dict[str, Any]) -> dict[str, Any]:
+    """Detached aliases of every tensor in a payload.
+
+    A real backend writes results straight into the tensors' memory, unseen by
+    autograd: a Parameter can be broadcast into, a non-leaf keeps its grad_fn.
+    Detached aliases share that memory but not the autograd history.
+    """
+    out: dict[str, Any] = {}
+    for key, value in payload.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.detach()
+        elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            out[key] = [t.detach() for t in value]
+        else:
+            out[key] = value
+    return out
+
+
+def _outside_autograd(fn: Callable[[list[Call]], None]) -> Callable[[list[Call]], None]:
+    """Run a completion in inference mode: the completing thread may belong to
+    another rank, and inference tensors may only be written in inference mode."""
+
+    def run(calls: list[Call]) -> None:
+        with torch.inference_mode():
+            fn(calls)
+
+    return run
+
+
 def _deliver(send: P2POp, recv: P2POp) -> None:
     """Copy a matched send into its recv (runs under the world lock)."""
     src, dst = send.tensor, recv.tensor
@@ -473,7 +504,8 @@ def _deliver(send: P2POp, recv: P2POp) -> None:
             f"send {list(src.shape)} {src.dtype} at {send.site}, "
             f"recv {list(dst.shape)} {dst.dtype} at {recv.site}"
         )
-    dst.copy_(src.view(dst.shape))
+    with torch.inference_mode():
+        dst.copy_(src.view(dst.shape))
 
 
 class _AllOf(Waitable):

@@ -181,13 +181,12 @@ class Scheduler:
 
     def rank_failed(self, rank: int, exc: BaseException) -> None:
         with self._lock:
-            simdist_raised = isinstance(exc, SimulationError)
-            if self.first_failure is None and not (
-                isinstance(exc, PeerFailedError) or (simdist_raised and self._abort is not None)
-            ):
-                self.first_failure = (rank, exc)
-            if isinstance(exc, PeerFailedError) or (simdist_raised and self._abort is not None):
+            # Only a rank woken by a peer's failure is "released"; anything else
+            # it raised (its own bad call, a deadlock report) is its failure.
+            if isinstance(exc, PeerFailedError):
                 self.released.add(rank)
+            elif self.first_failure is None:
+                self.first_failure = (rank, exc)
             if self._abort is None:
                 self._abort_locked(
                     PeerFailedError(
