@@ -46,7 +46,7 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"fault kind must be one of {KINDS}, got {self.kind!r}")
-        if self.rank is not None and (not isinstance(self.rank, int) or self.rank < 0):
+        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0):
             raise ValueError(f"fault rank must be a non-negative int, got {self.rank!r}")
         for axis, index in self.where:
             if axis not in AXES or not isinstance(index, int) or index < 0:
@@ -61,6 +61,20 @@ class Fault:
             raise ValueError(f"corrupt mode must be one of {CORRUPT_MODES}, got {self.mode!r}")
         if not self.seconds >= 0:
             raise ValueError(f"delay seconds must be >= 0, got {self.seconds!r}")
+
+    def check_world(self, layout: Layout | None, world_size: int) -> None:
+        """Refuse a fault that could never fire in this world (a typo would
+        otherwise make a fault test pass vacuously)."""
+        if self.rank is not None and self.rank >= world_size:
+            raise ValueError(f"fault {self.describe()}: rank {self.rank} is outside the world of size {world_size}")
+        if self.where:
+            if layout is None:
+                raise ValueError(f"fault {self.describe()} selects ranks by coordinates, but the world has no layout")
+            for axis, index in self.where:
+                if index >= getattr(layout, axis):
+                    raise ValueError(f"fault {self.describe()}: {axis}={index} is outside {layout}")
+        if layout is None and self.group not in (None, "world"):
+            raise ValueError(f"fault {self.describe()}: a flat world has no {self.group!r} group, only 'world'")
 
     def picks_rank(self, rank: int, layout: Layout | None) -> bool:
         if self.rank is not None and rank != self.rank:
@@ -154,13 +168,26 @@ class FaultPlan:
         return cls(faults)
 
 
-def contribution(op: str, payload: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors a rank contributes to a call (what ``corrupt`` damages)."""
+# Ops whose contribution is also the output buffer, overwritten by the result,
+# or (send) already simdist's own snapshot: damaging it in place is the same as
+# damaging it on the wire.
+_IN_PLACE_OPS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "send"})
+
+
+def corrupt_contribution(op: str, payload: dict[str, Any], mode: str) -> None:
+    """Damage what a rank contributes to a call, leaving the caller's input
+    buffer intact unless the op overwrites it anyway."""
     for key in ("t", "in", "ins", "ts"):
-        if key in payload:
-            v = payload[key]
-            return list(v) if isinstance(v, (list, tuple)) else [v]
-    return []
+        if key not in payload:
+            continue
+        value = payload[key]
+        tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+        if op not in _IN_PLACE_OPS:
+            tensors = [t.clone() for t in tensors]
+            payload[key] = tensors if isinstance(value, (list, tuple)) else tensors[0]
+        for t in tensors:
+            corrupt_(t, mode)
+        return
 
 
 def corrupt_(t: torch.Tensor, mode: str) -> None:
@@ -193,7 +220,9 @@ def corrupt_(t: torch.Tensor, mode: str) -> None:
 class FaultState:
     """A plan applied to one world: counts each rule's matches per rank."""
 
-    def __init__(self, plan: FaultPlan, layout: Layout | None) -> None:
+    def __init__(self, plan: FaultPlan, layout: Layout | None, world_size: int) -> None:
+        for fault in plan.faults:
+            fault.check_world(layout, world_size)
         self.plan = plan
         self.layout = layout
         self._counts: dict[tuple[int, int], int] = {}

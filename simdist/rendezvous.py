@@ -167,6 +167,9 @@ class Scheduler:
         self._sends: dict[tuple[str, int, int, int], deque[P2POp]] = {}
         self._recvs: dict[tuple[str, int, int, int], deque[P2POp]] = {}
         self._abort: BaseException | None = None
+        # Aborted communicators: checked under the lock, so a call entering an
+        # aborted group can never start a pending call nobody will complete.
+        self._aborted_groups: dict[str, BaseException] = {}
         self.first_failure: tuple[int, BaseException] | None = None
         self.released: set[int] = set()
 
@@ -206,6 +209,9 @@ class Scheduler:
     def aborted(self) -> BaseException | None:
         return self._abort
 
+    def group_aborted(self, name: str) -> BaseException | None:
+        return self._aborted_groups.get(name)
+
     def _leave(self, rank: int, state: RankState) -> None:
         slot = self._slots[rank]
         if slot.state in (RankState.FINISHED, RankState.FAILED):
@@ -231,6 +237,8 @@ class Scheduler:
         key = (group.name, seq)
         with self._lock:
             self._raise_if_aborted(call.rank)
+            if group.name in self._aborted_groups:
+                raise _copy_error(self._aborted_groups[group.name])
             pending = self._pending.get(key)
             if pending is None:
                 pending = PendingCollective(group, seq)
@@ -268,6 +276,8 @@ class Scheduler:
         me = op.src if op.kind == "send" else op.dst
         with self._lock:
             self._raise_if_aborted(me)
+            if op.group.name in self._aborted_groups:
+                raise _copy_error(self._aborted_groups[op.group.name])
             mine, theirs = (self._sends, self._recvs) if op.kind == "send" else (self._recvs, self._sends)
             queue = theirs.get(key)
             if not queue:
@@ -286,8 +296,9 @@ class Scheduler:
             self._wake_locked(other.src if other.kind == "send" else other.dst, other)
 
     def fail_group(self, name: str, error: BaseException) -> None:
-        """Fail every pending call on communicator ``name`` (an abort)."""
+        """Fail every pending and later call on communicator ``name`` (an abort)."""
         with self._lock:
+            self._aborted_groups.setdefault(name, error)
             for key in [k for k in self._pending if k[0] == name]:
                 pending = self._pending.pop(key)
                 pending.error, pending.done = error, True

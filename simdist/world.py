@@ -30,7 +30,7 @@ from .errors import (
     SimulationError,
     SimulationTimeout,
 )
-from .faults import BackendError, FaultPlan, FaultState, InjectedFault, contribution, corrupt_
+from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, corrupt_contribution
 from .layout import Layout
 from .reduction import ReductionModel, make_model
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
@@ -52,8 +52,7 @@ class World:
         self.reduction = reduction
         self.timeout = timeout
         self.recorder = Recorder(world_size, keep=flight_records, keep_all=keep_trace)
-        self.faults = FaultState(faults, layout) if faults else None
-        self._aborted_groups: dict[str, BaseException] = {}
+        self.faults = FaultState(faults, layout, world_size) if faults else None
         self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done)
         self.store = dist.HashStore()
         self.store.set_timeout(timedelta(seconds=timeout))
@@ -94,15 +93,18 @@ class World:
 
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
         """Record the call and apply any fault due (runs on the calling rank)."""
-        if self._aborted_groups:
-            self._raise_if_group_aborted(group)
+        self._raise_if_group_aborted(group)
         call.record = self.recorder.start(call.rank, seq, group, call.op,
                                           tensors_of(call.payload), call.site)
         if self.faults is None:
             return
-        for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
-            where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
-            self._apply(fault.kind, fault, where, group, contribution(call.op, call.payload), call)
+        try:
+            for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
+                where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
+                self._apply(fault, where, group, call.op, call.payload, call)
+        except BaseException:
+            Recorder.finish(call.record, failed=True)
+            raise
 
     def before_p2p(self, op: P2POp) -> None:
         me = op.src if op.kind == "send" else op.dst
@@ -110,19 +112,25 @@ class World:
         op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
         if self.faults is None:
             return
-        for fault in self.faults.due(me, op.kind, op.group.describe(), -1):
-            where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
-            self._apply(fault.kind, fault, where, op.group, [op.tensor] if op.kind == "send" else [], None)
+        try:
+            for fault in self.faults.due(me, op.kind, op.group.describe(), -1):
+                where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
+                # The send's tensor is already simdist's own snapshot.
+                payload = {"t": op.tensor} if op.kind == "send" else {}
+                self._apply(fault, where, op.group, op.kind, payload, None)
+        except BaseException:
+            Recorder.finish(op.record, failed=True)
+            raise
 
-    def _apply(self, kind: str, fault: object, where: str, group: GroupInfo,
-               contrib: list, call: Call | None) -> None:
+    def _apply(self, fault: Fault, where: str, group: GroupInfo, op: str,
+               payload: dict[str, Any], call: Call | None) -> None:
+        kind = fault.kind
         if kind == "crash":
             raise InjectedFault(f"injected crash at {where}")
         if kind == "delay":
-            time.sleep(fault.seconds)  # type: ignore[attr-defined]
+            time.sleep(fault.seconds)
         elif kind == "corrupt":
-            for t in contrib:
-                corrupt_(t, fault.mode)  # type: ignore[attr-defined]
+            corrupt_contribution(op, payload, fault.mode)
         elif kind == "timeout":
             error = BackendError(
                 f"simdist: injected watchdog timeout: {where} never completed, so every "
@@ -136,12 +144,12 @@ class World:
                 f"simdist: communicator {group.describe()} was aborted at {where}; every pending "
                 f"and later call on it fails until the world is rebuilt"
             )
-            self._aborted_groups[group.name] = error
             self.scheduler.fail_group(group.name, error)
             raise BackendError(*error.args)
 
     def _raise_if_group_aborted(self, group: GroupInfo) -> None:
-        error = self._aborted_groups.get(group.name)
+        # An early, unlocked check; the scheduler re-checks under its lock.
+        error = self.scheduler.group_aborted(group.name)
         if error is not None:
             raise BackendError(*error.args)
 
