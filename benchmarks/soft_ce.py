@@ -1,0 +1,216 @@
+"""Streaming soft cross-entropy against a naive full-softmax implementation.
+
+Measures, side by side in one run, forward+backward time and peak extra host
+memory of:
+
+* naive: float32 ``log_softmax``/``softmax`` over the whole ``[T, V]`` (what
+  one writes first), autograd for the backward;
+* stream-C: ``draft_loss.soft_cross_entropy`` with ``token_chunk_size=C``.
+
+Each variant runs in its own subprocess, so that its peak resident set
+(VmHWM, reset through /proc/self/clear_refs once the inputs exist; ru_maxrss
+where that is not possible) belongs to it alone: peak extra memory is that
+peak minus the resident set measured after the inputs were built. Every
+implementation must return the ``[T, V]`` student gradient, so the figure is
+also printed without that unavoidable tensor ("extra w/o grad").
+
+    python benchmarks/soft_ce.py            # T=4096, V=32768 and 131072: ~5 min, ~9 GB free memory
+    python benchmarks/soft_ce.py --quick    # T=512, V=4096 and 16384: under a minute
+
+Prints ratios to naive; asserts nothing (targets: streaming memory <= 1/8 of
+naive at V=131072, time <= 1.2x naive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 1024.0 * 1024.0
+
+
+# ----------------------------------------------------------------- one variant
+
+
+def naive_loss(student, teacher, mask):  # type: ignore[no-untyped-def]
+    import torch
+
+    log_q = torch.log_softmax(student.float(), dim=-1)
+    p = torch.softmax(teacher.float(), dim=-1)
+    ce = -(p * log_q).sum(dim=-1)
+    return (ce * mask).sum()
+
+
+def streaming_loss(student, teacher, mask, chunk):  # type: ignore[no-untyped-def]
+    from draft_loss import soft_cross_entropy
+
+    return soft_cross_entropy(student, teacher, mask, tp_group=None, token_chunk_size=chunk).numerators.sum()
+
+
+def _status_bytes(field: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) * 1024.0  # reported in kB
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Makes the kernel forget the peak resident set (Linux >= 4.0); False if it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> float:
+    try:
+        return _status_bytes("VmHWM")
+    except (OSError, RuntimeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux: KiB
+
+
+def build_inputs(tokens: int, vocab: int, dtype):  # type: ignore[no-untyped-def]
+    """Logits made block by block, so that building them leaves no float32 [T, V] peak behind."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    student = torch.empty(tokens, vocab, dtype=dtype)
+    teacher = torch.empty(tokens, vocab, dtype=dtype)
+    block = max(1, (1 << 22) // vocab)
+    for start in range(0, tokens, block):
+        rows = slice(start, min(start + block, tokens))
+        student[rows] = torch.randn(rows.stop - start, vocab, generator=generator) * 2
+        teacher[rows] = torch.randn(rows.stop - start, vocab, generator=generator) * 2
+    mask = (torch.rand(tokens, generator=generator) < 0.9).float()
+    return student.requires_grad_(True), teacher, mask
+
+
+def worker(variant: str, tokens: int, vocab: int, dtype_name: str, repeats: int, threads: int) -> dict[str, float]:
+    import gc
+
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    sys.path.insert(0, str(REPO))
+    student, teacher, mask = build_inputs(tokens, vocab, getattr(torch, dtype_name))
+    if variant == "naive":
+        def loss():  # type: ignore[no-untyped-def]
+            return naive_loss(student, teacher, mask)
+    else:
+        chunk = int(variant.split("-")[1])
+
+        def loss():  # type: ignore[no-untyped-def]
+            return streaming_loss(student, teacher, mask, chunk)
+
+    # Imports, thread pools and autograd's first-use set-up are not the
+    # variant's working memory: get them done on tiny inputs first.
+    tiny = [t[:2, :8].detach().clone().requires_grad_(t.requires_grad) for t in (student, teacher)]
+    naive_loss(tiny[0], tiny[1], mask[:2]).backward()
+    streaming_loss(tiny[0], tiny[1], mask[:2], 1).backward()
+    del tiny
+    gc.collect()
+    exact = reset_peak_rss()
+    baseline = _status_bytes("VmRSS") if exact else peak_rss_bytes()
+    times = []
+    value = float("nan")
+    for _ in range(repeats + 1):  # the first run warms up (and is part of the peak)
+        student.grad = None
+        start = time.perf_counter()
+        result = loss()
+        result.backward()
+        times.append(time.perf_counter() - start)
+        value = float(result)
+    grad_bytes = student.grad.numel() * student.grad.element_size()  # type: ignore[union-attr]
+    return {
+        "seconds": min(times[1:]),
+        "peak_extra_bytes": peak_rss_bytes() - baseline,
+        "grad_bytes": float(grad_bytes),
+        "loss": value,
+    }
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def run_variant(variant: str, tokens: int, vocab: int, dtype: str, repeats: int, threads: int) -> dict[str, float]:
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--worker", variant,
+        "--tokens", str(tokens), "--vocab", str(vocab), "--dtype", dtype,
+        "--repeats", str(repeats), "--threads", str(threads),
+    ]
+    # A fixed mmap threshold makes glibc return every large block to the
+    # kernel when it is freed, so the resident set follows live tensors
+    # instead of whatever the heap happened to keep.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if completed.returncode != 0:
+        raise SystemExit(f"variant {variant} (T={tokens}, V={vocab}) failed:\n{completed.stderr}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="T=512, V=4096 and 16384, chunks 64 and 128")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, nargs="+", default=[32768, 131072])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs after one warm-up run, per process")
+    parser.add_argument("--rounds", type=int, default=2, help="processes per variant, run in turn with the others")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per variant (0: torch's default)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        vocab = args.vocab[0]
+        print(json.dumps(worker(args.worker, args.tokens, vocab, args.dtype, args.repeats, args.threads)))
+        return 0
+
+    if args.quick:
+        args.tokens, args.vocab, args.chunks = 512, [4096, 16384], [64, 128]
+    variants = ["naive"] + [f"stream-{chunk}" for chunk in args.chunks]
+    print(f"soft cross-entropy forward+backward, T={args.tokens}, {args.dtype} logits, TP=1, "
+          f"best of {args.rounds} processes x {args.repeats} runs after a warm-up, each variant in its own process")
+    for vocab in args.vocab:
+        # Variants take turns, round after round, so that load from other
+        # processes on the machine falls on all of them; the fastest run counts.
+        results: dict[str, dict[str, float]] = {}
+        for _ in range(args.rounds):
+            for variant in variants:
+                result = run_variant(variant, args.tokens, vocab, args.dtype, args.repeats, args.threads)
+                best = results.setdefault(variant, result)
+                best["seconds"] = min(best["seconds"], result["seconds"])
+                best["peak_extra_bytes"] = min(best["peak_extra_bytes"], result["peak_extra_bytes"])
+        naive = results["naive"]
+        print(f"\nV={vocab}")
+        print(f"  {'variant':<12} {'time s':>8} {'x naive':>8} {'extra MiB':>10} {'x naive':>8} "
+              f"{'extra w/o grad MiB':>19} {'x naive':>8} {'loss':>14}")
+        for variant, result in results.items():
+            extra = result["peak_extra_bytes"]
+            without_grad = extra - result["grad_bytes"]
+            naive_without_grad = naive["peak_extra_bytes"] - naive["grad_bytes"]
+            print(
+                f"  {variant:<12} {result['seconds']:8.3f} {result['seconds'] / naive['seconds']:8.3f} "
+                f"{extra / MIB:10.0f} {extra / naive['peak_extra_bytes']:8.3f} "
+                f"{without_grad / MIB:19.0f} {without_grad / naive_without_grad:8.3f} {result['loss']:14.6g}"
+            )
+        share = naive["grad_bytes"] / naive["peak_extra_bytes"]
+        print(f"  (the returned {args.dtype} gradient alone is {share:.3f}x naive's peak extra memory: "
+              f"no variant's 'extra' ratio can be below that)")
+    print("\ntargets (streaming vs naive at the largest V): extra memory <= 0.125x, time <= 1.2x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

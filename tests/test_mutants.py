@@ -1,0 +1,137 @@
+"""Deliberately broken rules must make the parity / abort-retry checks fail.
+
+Each mutant is a monkeypatch on the real implementation, applied only inside
+its test, and judged by exactly the functions the parity and abort/retry
+suites use (``check_parity``, ``faulty_then_retry`` + ``assert_bitwise_equal``).
+Their unmutated runs pass in ``test_cotrain_parity`` / ``test_abort_retry``
+on the same cases, so a failure here is the mutant's doing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import cotrain_harness
+import simdist
+from cotrain_faults import assert_bitwise_equal, clean_run, faulty_then_retry
+from cotrain_harness import check_parity, config_for
+from draft_loss import cotrain as cotrain_module
+from draft_loss import grads as grads_module
+from draft_loss import step_state as step_state_module
+from draft_loss.grads import GradientOrderError, parameter_group, scale_gradients
+from draft_loss.step_state import DraftStepState, StepOrderError, StepPhase
+from simdist import Layout
+
+SENSITIVE = Layout(tp=2, dp=2, pp=2)  # every axis; uneven counts across DP ranks and microbatches
+CLIPPED = {"policy_max_grad_norm": 2.0, "draft_max_grad_norm": 0.5}
+# A draft-stage rank of DP replica 0: both its microbatches hold valid tokens
+# (the "uneven" scenario leaves the last replica empty), so sums it failed to
+# drop always change the retried step.
+DRAFT_RANK = SENSITIVE.rank_of(tp=1, dp=0, pp=1)
+
+
+def _parity() -> None:
+    check_parity(SENSITIVE, config_for(), "uneven", 3)
+
+
+def test_mutant_normalising_by_the_local_count_is_caught(monkeypatch):
+    original = DraftStepState.record_global_counts
+
+    def local_counts(self, reduced):
+        # The bug: ignore the DP all-reduce and keep this rank's own counts.
+        return original(self, self.contribute_counts() if self.active else reduced)
+
+    monkeypatch.setattr(DraftStepState, "record_global_counts", local_counts)
+    # Caught twice over: ranks of different DP replicas report different draft
+    # metrics, and the draft gradients leave the monolithic ones.
+    with pytest.raises(AssertionError, match="split: rank 2 metrics"):
+        _parity()
+    monkeypatch.setattr(cotrain_harness, "check_ranks_agree", lambda *args: None)
+    with pytest.raises(AssertionError, match="split vs monolithic: rank 2 draft grad norm"):
+        _parity()
+
+
+def test_mutant_skipping_the_pp_norm_collective_without_draft_parameters_is_caught(monkeypatch):
+    original = grads_module.group_grad_norms
+
+    def skip_on_policy_only_stages(params, *, tp_group, pp_group):
+        params = list(params)
+        has_draft = any(parameter_group(p) == "draft" for p in params)
+        # The bug: "this stage has nothing to add to the draft norm".
+        return original(params, tp_group=tp_group, pp_group=pp_group if has_draft else None)
+
+    monkeypatch.setattr(cotrain_module._grads, "group_grad_norms", skip_on_policy_only_stages)
+    # The draft stage waits in a PP collective the others never join: on NCCL a
+    # hang, on simdist a collective mismatch or deadlock reported at once.
+    with pytest.raises(simdist.SimulationError) as info:
+        _parity()
+    assert isinstance(info.value.__cause__, (simdist.CollectiveMismatchError, simdist.DeadlockError)) or isinstance(
+        info.value, (simdist.CollectiveMismatchError, simdist.DeadlockError)
+    ), repr(info.value)
+
+
+def _correct_then_scale(self, params, policy_count, probe):
+    self.draft_state.correct_main_grads(params)
+    scale_gradients(params, policy_count)
+
+
+def test_mutant_correcting_before_scaling_is_refused(monkeypatch):
+    monkeypatch.setattr(cotrain_module.CotrainWorker, "_normalise_gradients", _correct_then_scale)
+    with pytest.raises(simdist.RankError) as info:
+        _parity()
+    assert isinstance(info.value.__cause__, GradientOrderError)
+    assert "call scale_gradients before correcting" in str(info.value.__cause__)
+
+
+def test_mutant_correcting_before_scaling_without_order_guards_is_caught(monkeypatch):
+    monkeypatch.setattr(cotrain_module.CotrainWorker, "_normalise_gradients", _correct_then_scale)
+    real = grads_module.main_grad_denominator
+    # Guards removed: the correction takes an unscaled grad as "normalised by
+    # 1", and scaling no longer refuses an already normalised grad.
+    monkeypatch.setattr(step_state_module, "main_grad_denominator", lambda p: real(p) or 1.0)
+    monkeypatch.setattr(grads_module, "main_grad_denominator", lambda p: None)
+    with pytest.raises(AssertionError, match="split vs monolithic: rank 0 draft grad norm"):
+        _parity()
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return clean_run(**CLIPPED)
+
+
+def _abort_then_retry(clean) -> None:
+    """The abort/retry suite's check, at a point where the draft state holds sums."""
+    _, _, _, states, _, retried = faulty_then_retry(SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED)
+    assert all(phase == StepPhase.IDLE.value and n == 0 for phase, n in states.values()), states
+    assert_bitwise_equal(retried, clean)
+
+
+def test_mutant_abort_that_does_nothing_is_caught(monkeypatch, clean):
+    monkeypatch.setattr(DraftStepState, "abort", lambda self: None)
+    # The stale step refuses a new one: the retry fails instead of running.
+    with pytest.raises(simdist.RankError) as info:
+        _abort_then_retry(clean)
+    assert isinstance(info.value.__cause__, StepOrderError)
+    assert "a step is already in progress" in str(info.value.__cause__)
+
+
+def test_mutant_abort_that_keeps_the_sums_is_caught(monkeypatch, clean):
+    def phase_only(self):
+        # The bug: the phase is reset, the accumulated microbatch sums are not.
+        self._phase = StepPhase.IDLE
+
+    monkeypatch.setattr(DraftStepState, "abort", phase_only)
+    with pytest.raises(AssertionError):
+        _abort_then_retry(clean)
+
+
+def test_mutant_abort_that_keeps_the_sums_is_caught_by_retry_values_alone(monkeypatch, clean):
+    """Even without inspecting the state, the retried step's numbers expose the stale sums."""
+
+    def phase_only(self):
+        self._phase = StepPhase.IDLE
+
+    monkeypatch.setattr(DraftStepState, "abort", phase_only)
+    _, _, _, _, _, retried = faulty_then_retry(SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED)
+    with pytest.raises(AssertionError, match="rank"):
+        assert_bitwise_equal(retried, clean)
