@@ -125,20 +125,18 @@ class SimProcessGroup(dist.ProcessGroup):
         complete: Callable[[list[Call]], None],
         result: list[torch.Tensor] | None = None,
     ) -> SimWork:
+        # The hot path of every collective: kept flat on purpose (each Python
+        # call costs about as much as the bookkeeping it would hide).
         seq = self._seq
-        self._seq += 1
-        info = self.info
-        call = Call(
-            op=op,
-            rank=self._global_rank,
-            group_rank=self._group_rank,
-            fingerprint=(("op", op),) + fingerprint,
-            site=stacks.call_site(3),
-            payload=_detached(payload),
-        )
-        self._world.before_call(call, info, seq)
+        self._seq = seq + 1
+        info = self._info
+        detached, inference = _detached(payload)
+        call = Call(op, self._global_rank, self._group_rank, (("op", op),) + fingerprint,
+                    stacks.call_site(3), detached, inference)
+        world = self._world
+        world.before_call(call, info, seq)
         pending = self._scheduler.join_collective(
-            info, seq, call, _outside_autograd(complete), self._world.verify
+            info, seq, call, _outside_autograd(complete), world.verify
         )
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
@@ -149,7 +147,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         t = _one(tensors, "all_reduce")
-        red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
+        red = check_reduce_op((opts or dist.AllreduceOptions()).reduceOp, t.dtype, "all_reduce")
         model, key = self._world.reduction, f"{self._info.name}/{self._seq}"
 
         def complete(calls: list[Call]) -> None:
@@ -466,31 +464,39 @@ class SimProcessGroup(dist.ProcessGroup):
         raise UnsupportedOperationError("coalescing managers are not supported by simdist")
 
 
-def _detached(payload: dict[str, Any]) -> dict[str, Any]:
-    """Detached aliases of every tensor in a payload.
+def _detached(payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Detached aliases of every tensor in a payload, and whether any of them
+    is an inference tensor.
 
     A real backend writes results straight into the tensors' memory, unseen by
     autograd: a Parameter can be broadcast into, a non-leaf keeps its grad_fn.
     Detached aliases share that memory but not the autograd history.
     """
     out: dict[str, Any] = {}
+    inference = False
     for key, value in payload.items():
         if isinstance(value, torch.Tensor):
             out[key] = value.detach()
+            inference = inference or value.is_inference()
         elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
             out[key] = [t.detach() for t in value]
+            inference = inference or any(t.is_inference() for t in value)
         else:
             out[key] = value
-    return out
+    return out, inference
 
 
 def _outside_autograd(fn: Callable[[list[Call]], None]) -> Callable[[list[Call]], None]:
-    """Run a completion in inference mode: the completing thread may belong to
-    another rank, and inference tensors may only be written in inference mode."""
+    """Inference tensors may only be written in inference mode, and the
+    completing thread may belong to another rank than the tensor's owner."""
 
     def run(calls: list[Call]) -> None:
-        with torch.inference_mode():
-            fn(calls)
+        for c in calls:
+            if c.inference:
+                with torch.inference_mode():
+                    fn(calls)
+                return
+        fn(calls)
 
     return run
 

@@ -66,27 +66,22 @@ def _check_reduce_op(op: object, dtype: torch.dtype, collective: str) -> str:
     return name
 
 
-def _combine_fn(name: str, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Out-of-place elementwise combine of two partial results."""
-    if dtype == torch.bool:
-        # Sum and product of booleans saturate: they are OR and AND.
-        table = {
-            "SUM": torch.logical_or, "MAX": torch.logical_or, "BOR": torch.logical_or,
-            "PRODUCT": torch.logical_and, "MIN": torch.logical_and, "BAND": torch.logical_and,
-            "BXOR": torch.logical_xor,
-        }
-        return table[name]
-    table = {
-        "SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul,
-        "MIN": torch.minimum, "MAX": torch.maximum,
-        "BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor,
-    }
-    return table[name]
+# Sum and product of booleans saturate: they are OR and AND.
+_BOOL_COMBINE = {
+    "SUM": torch.logical_or, "MAX": torch.logical_or, "BOR": torch.logical_or,
+    "PRODUCT": torch.logical_and, "MIN": torch.logical_and, "BAND": torch.logical_and,
+    "BXOR": torch.logical_xor,
+}
+_COMBINE = {
+    "SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul,
+    "MIN": torch.minimum, "MAX": torch.maximum,
+    "BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor,
+}
 
 
-def _inplace(name: str, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    fn = _combine_fn(name, dtype)
-    return lambda acc, x: fn(acc, x, out=acc)  # type: ignore[call-arg]
+def _combine_fn(name: str, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+    """Elementwise combine of two partial results (accepts ``out=``)."""
+    return (_BOOL_COMBINE if dtype == torch.bool else _COMBINE)[name]
 
 
 class ReductionModel:
@@ -114,15 +109,17 @@ class RankOrder(ReductionModel):
     name = "rank"
 
     def reduce_into(self, out, inputs, op, key):
-        combine = _inplace(op, out.dtype)
+        combine = _combine_fn(op, out.dtype)
         first = inputs[0]
         # `out` may alias inputs[0] (in-place all_reduce on rank 0); every other
         # input is only read after out is written, and they never alias out.
         if out.data_ptr() != first.data_ptr():
             out.copy_(first)
+        device = out.device
         for x in inputs[1:]:
-            combine(out, x.to(out.device, non_blocking=False))
-        _finish_avg(out, op, len(inputs))
+            combine(out, x if x.device == device else x.to(device), out=out)
+        if op == "AVG":
+            out.div_(len(inputs))
 
 
 class Ring(ReductionModel):

@@ -93,7 +93,8 @@ class World:
 
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
         """Record the call and apply any fault due (runs on the calling rank)."""
-        self._raise_if_group_aborted(group)
+        if self.scheduler.any_group_aborted:
+            self._raise_if_group_aborted(group)
         call.record = self.recorder.start(call.rank, seq, group, call.op,
                                           tensors_of(call.payload), call.site)
         if self.faults is None:
