@@ -36,6 +36,13 @@ Non-finite logits (the chosen behaviour; no exception is raised for them):
 * tokens whose mask is 0 never contribute: their numerator terms and gradient
   rows are exactly 0 even when their logits are non-finite (padding may hold
   garbage).
+
+With ``overwrite_student_with_grad=True`` backward writes the gradient into the
+student logits' own storage and returns that storage as the gradient (as
+Megatron's vocab-parallel cross-entropy reuses its logits buffer), so neither
+path allocates a second ``[T, V_local]`` tensor in backward; the gradient is
+bit for bit the one of the default mode. See ``soft_cross_entropy`` for when
+this is allowed.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ def soft_cross_entropy(
     token_chunk_size: int,
     bin_ids: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    overwrite_student_with_grad: bool = False,
 ) -> DraftLossStats:
     """Binned soft cross-entropy statistics of ``student_logits`` against ``teacher_logits``.
 
@@ -80,6 +88,31 @@ def soft_cross_entropy(
         weights: ``[num_bins]`` non-negative bin weights (None: ones). When
             given, its length fixes the number of bins; otherwise it is
             ``max(bin_ids) + 1``.
+        overwrite_student_with_grad: DESTROYS ``student_logits``. When True,
+            backward writes the gradient into the student logits' storage and
+            returns that very tensor as their gradient, instead of allocating
+            a fresh ``[T, V_local]`` one (1 GiB at T=4096, V=131072 in bf16).
+            Values and gradients are bit for bit those of the default mode.
+            Only for callers that never read the student logits after
+            backward, e.g. logits made by an LM head whose backward needs only
+            its input and weight. After backward ``student_logits`` hold the
+            gradient (a hook registered on them receives their own storage;
+            ``retain_grad()`` keeps a copy, a fresh ``[T, V_local]`` tensor);
+            before backward they are untouched. Refused (ValueError, on every
+            TP rank together) when ``student_logits`` are, or are a view of, a
+            leaf tensor that requires grad (its value is the caller's state
+            and ``.grad`` would alias it), and when ``teacher_logits`` share
+            storage with them. Detected in backward (RuntimeError, on the
+            rank where it happens): the logits were changed in place after
+            forward, or a second backward runs through the loss (the first
+            one has overwritten them). Not detectable, so the caller must not do it: reading the
+            logits after backward, or using them in another loss or op of the
+            same graph; autograd's own version check raises when that other
+            op saved them and its backward runs after this one, but if its
+            backward runs first the result is right, and nothing tells which.
+            Logits that are not contiguous are first copied (in forward) and
+            the copy receives the gradient, so the caller's tensor is then
+            left as it was.
 
     Returns:
         ``DraftLossStats`` whose numerators are differentiable w.r.t.
@@ -91,19 +124,27 @@ def soft_cross_entropy(
     group_size = v.check_group(tp_group, _WHAT)
 
     def check() -> tuple[v.TokenLayout, v.Header]:
-        return _check_arguments(student_logits, teacher_logits, mask, token_chunk_size, bin_ids, weights)
+        return _check_arguments(
+            student_logits, teacher_logits, mask, token_chunk_size, bin_ids, weights, overwrite_student_with_grad
+        )
 
     layout = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
     vocab = student_logits.shape[-1]
     plan = TilePlan(layout, tp_group, group_size, token_chunk_size)
+    student = student_logits.reshape(-1, vocab)
+    if overwrite_student_with_grad and not student.is_contiguous():
+        # A view with overlapping rows (stride 0) would have gradient rows
+        # written over each other; a contiguous copy has no overlap.
+        student = student.contiguous()
     numerators = _SoftCrossEntropy.apply(
-        student_logits.reshape(-1, vocab), teacher_logits.detach().reshape(-1, vocab), plan
+        student, teacher_logits.detach().reshape(-1, vocab), plan, bool(overwrite_student_with_grad)
     )
     return DraftLossStats(numerators, bin_counts(layout), layout.weights)
 
 
 def _check_arguments(
-    student: object, teacher: object, mask: object, token_chunk_size: object, bin_ids: object, weights: object
+    student: object, teacher: object, mask: object, token_chunk_size: object, bin_ids: object, weights: object,
+    overwrite: object,
 ) -> tuple[v.TokenLayout, v.Header]:
     student = v.check_floating("student_logits", student, _WHAT)
     teacher = v.check_floating("teacher_logits", teacher, _WHAT)
@@ -116,6 +157,7 @@ def _check_arguments(
         raise ValueError(f"{_WHAT}: the vocabulary shard (last dim of the logits) must be >= 1, got 0")
     v.check_same_device("teacher_logits", teacher, student.device, "student_logits", _WHAT)
     chunk = v.check_chunk_size(token_chunk_size, _WHAT)
+    _check_overwrite(overwrite, student, teacher)
     leading = tuple(student.shape[:-1])
     compute_dtype = torch.float64 if student.dtype == torch.float64 else torch.float32
     layout = v.check_token_layout(
@@ -131,6 +173,34 @@ def _check_arguments(
         ("token_chunk_size", chunk),
     )
     return layout, header + layout.header
+
+
+def _check_overwrite(overwrite: object, student: torch.Tensor, teacher: torch.Tensor) -> None:
+    """What can be told in forward about whether overwriting the student logits is safe."""
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"{_WHAT}: overwrite_student_with_grad must be a bool, got {type(overwrite).__name__}")
+    if not overwrite:
+        return
+    # Views share their base's storage: a view of a parameter-like leaf would
+    # clobber the parameter itself.
+    root = student if student._base is None else student._base
+    if root.is_leaf and root.requires_grad:
+        which = "are a leaf tensor" if root is student else "are a view of a leaf tensor"
+        raise ValueError(
+            f"{_WHAT}: overwrite_student_with_grad=True needs student_logits that the caller does not read "
+            f"after backward, but student_logits {which} that requires grad (shape {tuple(root.shape)}): "
+            f"their values would be replaced by the gradient and their .grad would alias them; pass the "
+            f"output of the op that computes the logits, or use overwrite_student_with_grad=False"
+        )
+    if (
+        student.numel() > 0 and teacher.numel() > 0
+        and student.untyped_storage().data_ptr() == teacher.untyped_storage().data_ptr()
+    ):
+        raise ValueError(
+            f"{_WHAT}: overwrite_student_with_grad=True, but teacher_logits share storage with student_logits: "
+            f"writing the gradient into the student would overwrite the teacher that backward still reads; "
+            f"pass a copy of the teacher or use overwrite_student_with_grad=False"
+        )
 
 
 # ------------------------------------------------------------------ shared maths
@@ -300,7 +370,9 @@ def token_scale(layout: v.TokenLayout, grad_numerators: torch.Tensor) -> torch.T
 
 class _SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, student: torch.Tensor, teacher: torch.Tensor, plan: TilePlan) -> torch.Tensor:
+    def forward(
+        ctx: Any, student: torch.Tensor, teacher: torch.Tensor, plan: TilePlan, overwrite: bool
+    ) -> torch.Tensor:
         num_tokens, vocab = student.shape
         layout = plan.layout
         tiles = plan.tiles(num_tokens)
@@ -316,8 +388,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
             ce[tile], lse_s[tile], lse_z[tile] = result.ce, result.lse_student, result.lse_teacher
             difference = result.probability_difference
         ctx.plan = plan
+        ctx.overwrite = overwrite
         if cached:
-            ctx.save_for_backward(difference)
+            # The student itself only as the destination of the gradient;
+            # saving it also makes autograd track its version.
+            if overwrite:
+                ctx.save_for_backward(difference, student)
+            else:
+                ctx.save_for_backward(difference)
         else:
             ctx.save_for_backward(student, teacher, lse_s, lse_z)
         ctx.cached = cached
@@ -327,18 +405,44 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_numerators: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+    def backward(ctx: Any, grad_numerators: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         plan: TilePlan = ctx.plan
         layout = plan.layout
         scale = token_scale(layout, grad_numerators)
         num_tokens, vocab = ctx.shape
-        if ctx.cached:
-            (difference,) = ctx.saved_tensors
+        saved = _unpack(ctx)
+        if ctx.cached and ctx.overwrite:
+            difference, gradient = saved
+            # The same two roundings as below (product in float32, then the
+            # cast), done in buffers that already exist.
+            gradient.copy_(difference.mul_(scale[:, None]))
+        elif ctx.cached:
+            (difference,) = saved
             gradient = (difference * scale[:, None]).to(ctx.student_dtype)
         else:
-            student, teacher, lse_s, lse_z = ctx.saved_tensors
-            gradient = torch.empty((num_tokens, vocab), dtype=ctx.student_dtype, device=student.device)
+            student, teacher, lse_s, lse_z = saved
+            if ctx.overwrite:
+                # Each row block is read into the workspace before its
+                # gradient is written over it, and blocks are disjoint.
+                gradient = student
+            else:
+                gradient = torch.empty((num_tokens, vocab), dtype=ctx.student_dtype, device=student.device)
             workspace = Workspace(plan.block_rows(vocab), vocab, layout.compute_dtype, student.device)
             write_scaled_difference(student, teacher, lse_s, lse_z, scale, workspace, gradient)
         zero_masked_rows(gradient, layout.mask)
-        return gradient, None, None
+        return gradient, None, None, None
+
+
+def _unpack(ctx: Any) -> tuple[torch.Tensor, ...]:
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as exc:
+        if not ctx.overwrite or "modified by an inplace operation" not in str(exc):
+            raise
+        raise RuntimeError(
+            f"{_WHAT}: overwrite_student_with_grad=True, but the logits saved for backward changed between "
+            f"forward and this backward: the student (or teacher) logits were modified in place, or this is a "
+            f"second backward through the loss "
+            f"(the first one replaced them with the gradient); retain_graph and repeated backward need "
+            f"overwrite_student_with_grad=False"
+        ) from exc
