@@ -546,7 +546,7 @@ class WorldHooks:
     scheduler: Scheduler
     reduction: Any
 
-    def group_info(self, name: str) -> GroupInfo: ...
+    def register_group(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo: ...
     def label_group(self, name: str, label: str) -> None: ...
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None: ...
     def before_p2p(self, op: P2POp) -> None: ...
@@ -575,7 +575,7 @@ def bind_current(world: "WorldHooks | None", rank: int = -1) -> None:
 def _create(backend_opts: Any, pg_options: Any) -> SimProcessGroup:
     world, rank = current_world()
     ranks = list(backend_opts.global_ranks_in_group) or list(range(world.scheduler.world_size))
-    info = world.register_group(str(backend_opts.group_id), tuple(ranks), rank)  # type: ignore[attr-defined]
+    info = world.register_group(str(backend_opts.group_id), tuple(ranks), rank)
     return SimProcessGroup(world, rank, info)
 
 

@@ -9,8 +9,7 @@ Plans add up (``plan_a + plan_b``) and can be drawn from a seed.
 from __future__ import annotations
 
 import random
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import torch

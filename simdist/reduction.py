@@ -14,7 +14,6 @@ import random
 from typing import Callable, Sequence
 
 import torch
-from torch.distributed import ReduceOp
 
 from .errors import UnsupportedOperationError
 

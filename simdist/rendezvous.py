@@ -333,7 +333,7 @@ class Scheduler:
 
     # -- waiting ----------------------------------------------------------
 
-    def wait(self, rank: int, waitable: Waitable, timeout: float | None = None) -> None:
+    def wait(self, rank: int, waitable: Waitable) -> None:
         """Block ``rank`` until ``waitable`` is done; raise its error if any."""
         slot = self._slots[rank]
         while True:

@@ -82,9 +82,6 @@ class World:
                 )
             return info
 
-    def group_info(self, name: str) -> GroupInfo:
-        return self._groups[name]
-
     def label_group(self, name: str, label: str) -> None:
         with self._groups_lock:
             self._groups[name].label = label
