@@ -403,6 +403,10 @@ def _worker_main(
             groups=build_groups(layout),
             extras={"backend": backend},
         )
+        # Every rank has finished connecting before any body runs: a rank that
+        # fails at once would otherwise close its sockets while a peer is still
+        # in gloo's connection set-up, and that peer would fail too.
+        dist.barrier()
         value = _to_cpu(fn(ctx, *args, **kwargs))
         _write_outcome(outcome_path, _ok_outcome(rank, value))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
