@@ -5,10 +5,12 @@ Prints, from one run:
   (two handoffs per round trip), and an 8-thread baton ring;
 * the CPU one rank spends per small all_reduce call in a 1-rank world, split
   into torch.distributed's own wrapper and simdist's process group;
-* for each world size, the measured per-call latency next to two bounds:
-  the handoff floor ((n - 1) handoffs) and the serial budget (n ranks' CPU per
-  call plus (n - 1) handoffs), which any thread-per-rank design under one GIL
-  pays, since every rank runs its own Python for every call.
+* for each world size, the measured per-call latency next to the bare ring
+  floor and a ring whose threads each spend one call's CPU per hop, which any
+  thread-per-rank design under one GIL pays, since every rank runs its own
+  Python for every call;
+* simdist with a finished collective's members woken one at a time (the
+  default) against all at once, alternating in the same process.
 
 Prints ratios; never asserts.
 
@@ -26,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
+from simdist.rendezvous import Scheduler
 
 
 def ping_pong_handoff(rounds: int = 5000) -> float:
@@ -142,6 +145,21 @@ def main() -> None:
         )
         print(f"{n:5d}  {measured * 1e6:6.0f} us  {floor * 1e6:8.0f} us  {measured / floor:6.2f}x"
               f"  {loaded * 1e6:11.0f} us  {measured / loaded:13.2f}x")
+    print()
+    print("wake-ups of a finished collective's members (median per call, modes alternating)")
+    print("ranks  one at a time  all at once  all-at-once / one-at-a-time")
+    for n in sizes:
+        calls = 300 if n <= 8 else 60
+        times: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            for _ in range(args.repeats):
+                for deferred in (True, False):
+                    Scheduler.defer_wakeups = deferred
+                    times[deferred].append(max(simdist.run(_latency, world_size=n, args=(calls,))))
+        finally:
+            Scheduler.defer_wakeups = True
+        one, every = statistics.median(times[True]), statistics.median(times[False])
+        print(f"{n:5d}  {one * 1e6:10.0f} us  {every * 1e6:8.0f} us  {every / one:14.2f}x")
     print()
     print("'ring with work' passes the baton through n threads that each first spend one call's")
     print("CPU (measured above) in Python: the cost of any thread-per-rank simulator whose ranks")
