@@ -16,6 +16,21 @@ Running a campaign: ``simdist fuzz --budget 60 tests/fuzz``; replaying a
 written failure: ``simdist replay fixtures/regressions/<case>.json``.
 """
 
+from ._campaign import CampaignConfig, CampaignResult, ExitCode, run_campaign
+from ._corpus import CaseFile, CaseFileError, read_case, replay_case, write_case
 from ._property import FuzzSpec, cover, replayable
 
-__all__ = ["FuzzSpec", "cover", "replayable"]
+__all__ = [
+    "CampaignConfig",
+    "CampaignResult",
+    "CaseFile",
+    "CaseFileError",
+    "ExitCode",
+    "FuzzSpec",
+    "cover",
+    "read_case",
+    "replay_case",
+    "replayable",
+    "run_campaign",
+    "write_case",
+]
