@@ -504,21 +504,35 @@ class CotrainWorker:
         the group's minimum and maximum; a rank whose arguments already failed
         (``batch`` None) contributes values that change neither.
         """
-        names = ("batch rows", "local sequence length", "mode", "num_microbatches")
+        names = ("batch rows", "local sequence length", "mode", "num_microbatches", "mask dtype")
         if batch is None:
-            values = [math.inf] * 4 + [math.inf] * 4
+            values = [math.inf] * (2 * len(names))
         else:
-            mine = [*batch.tokens.shape, float(mode == "split"), float(num_microbatches)]
+            mine = [
+                *batch.tokens.shape, float(mode == "split"), float(num_microbatches),
+                float(_MASK_DTYPES.index(batch.mask.dtype)),
+            ]
             values = mine + [-x for x in mine]
         table = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(table, op=dist.ReduceOp.MIN, group=self.groups.cp)
-        low, high = table[:4].tolist(), [-x for x in table[4:].tolist()]
-        differing = [f"{name} from {lo:g} to {hi:g}" for name, lo, hi in zip(names, low, high) if lo != hi]
+        low, high = table[: len(names)].tolist(), [-x for x in table[len(names):].tolist()]
+
+        def shown(name: str, value: float) -> str:
+            if name == "mode":
+                return ("monolithic", "split")[int(value)]
+            return str(_MASK_DTYPES[int(value)]) if name == "mask dtype" else f"{value:g}"
+
+        differing = [
+            f"{name} from {shown(name, lo)} to {shown(name, hi)}"
+            for name, lo, hi in zip(names, low, high) if lo != hi and math.isfinite(lo)  # inf: every rank failed
+        ]
         if not differing:
             return None
+        # The boundary rows travel as raw bytes: a peer's mask of another dtype
+        # would be read back as garbage, not refused.
         return (
-            f"CotrainWorker.train_step: the CP ranks of one sequence shard disagree on {', '.join(differing)} "
-            "(mode 1 = split, 0 = monolithic); every CP rank must pass its shard of the same batch "
+            f"CotrainWorker.train_step: the CP ranks of one sequence shard disagree on {', '.join(differing)}; "
+            "every CP rank must pass its shard of the same batch "
             "(shard_batch_for_cp) with the same mode and num_microbatches"
         )
 
@@ -681,6 +695,12 @@ def _metrics(
     }
 
 
+_MASK_DTYPES = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+)
+
+
 def _check_arguments(
     batch: object, mode: object, num_microbatches: object, config: CotrainConfig, cp_size: int = 1
 ) -> None:
@@ -700,6 +720,8 @@ def _check_arguments(
             f"{what}: batch.tokens, mask and bin_ids must share one shape, got "
             f"{tuple(tokens.shape)}, {tuple(mask.shape)}, {tuple(bins.shape)}"
         )
+    if mask.dtype not in _MASK_DTYPES:
+        raise TypeError(f"{what}: batch.mask must be bool, integer or real floating, got {mask.dtype}")
     rows, seq = tokens.shape
     if rows < 1 or seq < 2:
         raise ValueError(f"{what}: batch needs at least 1 row and 2 positions, got shape {tuple(tokens.shape)}")

@@ -71,7 +71,7 @@ def _bad_body(ctx, bad_rank, kind):
     seq_len = 10 if (kind == "longer" and ctx.rank == bad_rank) else 6
     global_batch = make_global_batch("uneven", ctx.layout.dp, config, seq_len=seq_len, cp=ctx.layout.cp)
     batch = local_batch(global_batch, ctx.coords.dp, ctx.coords.cp, ctx.layout.cp)
-    microbatches = 2
+    microbatches, mode = 2, "split"
     if ctx.rank == bad_rank:
         if kind == "token":
             tokens = batch.tokens.clone()
@@ -79,9 +79,13 @@ def _bad_body(ctx, bad_rank, kind):
             batch = CotrainBatch(tokens, batch.mask, batch.bin_ids)
         elif kind == "microbatches":
             microbatches = 1
+        elif kind == "mode":
+            mode = "monolithic"
+        elif kind == "mask dtype":
+            batch = CotrainBatch(batch.tokens, batch.mask.bool(), batch.bin_ids)
     worker = CotrainWorker(config, groups_of(ctx))
     try:
-        worker.train_step(batch, mode="split", num_microbatches=microbatches)
+        worker.train_step(batch, mode=mode, num_microbatches=microbatches)
     except ValueError as error:
         # Returned, not raised: a rank that went on into the step would wait
         # forever and simdist would report a deadlock instead.
@@ -99,6 +103,9 @@ BAD_RANK = LAYOUT.rank_of(cp=1, dp=0)
         ("token", "batch.tokens must lie in [0, 24)", "another rank's arguments were invalid"),
         ("longer", "disagree on local sequence length from 2 to 4", None),
         ("microbatches", "disagree on num_microbatches from 1 to 2", None),
+        ("mode", "disagree on mode from monolithic to split", None),
+        # The rows travel as raw bytes: another dtype would be read back as garbage.
+        ("mask dtype", "disagree on mask dtype from torch.bool to torch.float32", None),
     ],
 )
 def test_bad_input_on_one_cp_rank_fails_every_rank_together(kind, own_message, cp_peer_message):
