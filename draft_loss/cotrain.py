@@ -49,6 +49,7 @@ import torch.distributed as dist
 from . import grads as _grads
 from ._sgd import MomentumSGD
 from ._tp_layers import copy_to_tp, reduce_from_tp, vocab_parallel_cross_entropy
+from .align import align_for_draft
 from .context_parallel import shard_sequence, shift_left
 from .grads import accumulate_main_grads, clip_by_group_norms, scale_gradients, tag_parameter, zero_main_grads
 from .soft_ce import soft_cross_entropy
@@ -587,22 +588,27 @@ class CotrainWorker:
     def _losses(self, batch: CotrainBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, DraftLossStats]:
         p, tp = self.params, self.groups.tp
         logits = copy_to_tp(hidden, tp) @ p["output.weight"].T  # [B, S, V_local]
-        # Everything at t+1 in one exchange with the CP neighbours: the label
-        # (and draft input token), its mask and bin, and the teacher logits.
-        labels, next_mask, next_bins, teacher = shift_left(
-            batch.tokens, batch.mask, batch.bin_ids, logits.detach(), cp_group=self.groups.cp
-        )
+        # The token at t+1 (policy label, draft input), its mask and bin, with
+        # their boundary rows from the CP neighbours.
+        cp = self.groups.cp
+        labels, next_mask, next_bins = shift_left(batch.tokens, batch.mask, batch.bin_ids, cp_group=cp)
         shifted_mask = next_mask.to(torch.float32)
         ce = vocab_parallel_cross_entropy(logits, labels, vocab_start=self.vocab_start, group=tp)
         policy_sum = (ce * shifted_mask).sum()
         # Draft position t: hidden state at t (detached: the draft does not
         # train the policy) and the draft's embedding of token t+1, looked up
         # here from the token id, so its gradient lands in this rank's replica.
+        # (Without CP the call keeps its two-argument form, which the fuzz
+        # catalogue's alignment mutants replace.)
+        if cp is None:
+            teacher, draft_mask = align_for_draft(logits.detach(), batch.mask)
+        else:
+            teacher, draft_mask = align_for_draft(logits.detach(), batch.mask, cp_group=cp)
         draft_input = torch.cat([hidden.detach(), p["draft.embedding.weight"][labels]], dim=-1)
         draft_hidden = torch.tanh(draft_input @ p["draft.fc.weight"].T + p["draft.fc.bias"])
         draft_logits = copy_to_tp(draft_hidden, tp) @ p["draft.head.weight"].T
         stats = soft_cross_entropy(
-            draft_logits, teacher, shifted_mask, tp_group=tp,
+            draft_logits, teacher, draft_mask.to(torch.float32), tp_group=tp,
             token_chunk_size=self.config.token_chunk_size,
             bin_ids=next_bins, weights=self.bin_weights,
         )
