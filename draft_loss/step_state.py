@@ -15,6 +15,12 @@ Lifecycle (anything else raises ``StepOrderError``)::
          --correct_main_grads--> CORRECTED --finish--> IDLE
     abort(): any phase --> IDLE, every accumulation dropped.
 
+Under context parallelism "DP-global" means summed over DP x CP: each CP
+rank holds other tokens of the same sequences, the gradients are SUMMED over
+DP x CP, and every token is divided by the same global counts, so the factor
+stays ``n / d`` (no CP factor; one would be needed only for gradients
+averaged over CP, as Megatron's DDP does).
+
 An IDLE state is "inactive": it contributes an empty tensor to the count
 all-reduce and its correction is a no-op, so pipeline stages without a draft
 head run the same code and the same collectives.
