@@ -75,8 +75,9 @@ def test_a_clean_target_exits_0_with_coverage_and_progress(tmp_path):
 
 def test_workers_share_the_example_database_so_a_known_failure_replays_first(tmp_path):
     db = tmp_path / "db"
-    first, report1 = fuzz(tmp_path, "--budget", "20", "--seed", "5", "-x", "--workers", "2",
-                          "--database", str(db), "--no-corpus", BUGGY)
+    # Both properties: a worker that starts after its peer found the bug still has one to fuzz.
+    first, report1 = fuzz(tmp_path, "--budget", "3", "--seed", "5", "--workers", "2",
+                          "--database", str(db), "--no-corpus", BUGGY, CLEAN)
     assert first.returncode == 1, first.stderr
     assert len(report1["failures"]) == 1 and report1["failures"][0]["case"] == {"values": [0, 0, 0, 1]}
     assert set(report1["cases_by_worker"]) == {"0", "1"}, "both workers fuzzed"
