@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from .faults import FaultPlan
 from .layout import Layout
-from .reduction import ReductionModel
+from .reduction import ReductionModel, make_model
 
 MARKER = "simdist"
 MARKER_HELP = (
@@ -131,5 +131,8 @@ def _check_options(where: str, o: SpmdOptions) -> None:
         raise TypeError(f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {o.trace!r}")
     if not isinstance(o.sim_only, bool):
         raise TypeError(f"{where}: sim_only must be a bool, got {o.sim_only!r}")
-    if o.reduction is not None and not isinstance(o.reduction, (str, ReductionModel)):
-        raise TypeError(f"{where}: reduction must be a model name or a simdist.ReductionModel, got {o.reduction!r}")
+    if o.reduction is not None:
+        try:
+            make_model(o.reduction, o.seed)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: reduction={o.reduction!r}: {exc}") from None

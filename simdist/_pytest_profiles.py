@@ -36,8 +36,7 @@ def load_hypothesis_profile(config: pytest.Config, name: str) -> str | None:
 
     Leaves Hypothesis alone in a ``simdist fuzz`` worker (which has loaded its
     own profile), when ``--hypothesis-profile`` was given, or when Hypothesis
-    is not installed. A profile of the same name registered by the user's
-    own conftest is kept, not replaced.
+    is not installed.
     """
     if os.environ.get(FUZZ_WORKER_ENV) == "1":
         return None
@@ -45,14 +44,15 @@ def load_hypothesis_profile(config: pytest.Config, name: str) -> str | None:
         return None
     try:
         from hypothesis import settings
-        from hypothesis.errors import InvalidArgument
     except ImportError:
         return None
+    # Always ours, also over Hypothesis' own built-in "ci" (100 examples, no
+    # database): the names mean what this plugin documents.
+    # Built on Hypothesis' "default" profile, not on whatever is loaded now
+    # (register_profile would otherwise inherit from the current default).
+    base = settings.get_profile("default")
     for profile in PROFILES:
-        try:
-            settings.get_profile(profile)
-        except InvalidArgument:
-            settings.register_profile(profile, **_settings(profile))  # type: ignore[arg-type]
+        settings.register_profile(profile, parent=base, **_settings(profile))  # type: ignore[arg-type]
     # Remember what was in force: a pytest run inside a process (pytester)
     # must not leave its profile to the tests that run after it.
     saved = f"_simdist_before_{id(config)}"
