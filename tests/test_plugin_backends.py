@@ -128,6 +128,9 @@ def test_sum(ctx, n):
 """
 
 
+# Nightly: two worker interpreters importing torch cost about 10 s on the CI
+# machine, and CI's own `pytest -n 2` runs every marked test under xdist anyway.
+@pytest.mark.slow
 def test_xdist_workers_run_worlds_side_by_side(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(XDIST_SUITE)
     result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2", "-v")
