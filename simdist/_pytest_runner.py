@@ -30,6 +30,10 @@ TRACE_DIR = pytest.StashKey[Path]()
 _TAIL_MARK = "last calls per rank (flight recorder):"
 
 
+# pytest.skip() and pytest.xfail() called by a rank decide the test's outcome.
+_OUTCOMES = (pytest.skip.Exception, pytest.xfail.Exception)
+
+
 class RankFailed(Exception):
     """A rank of a simdist-marked test failed; ``__cause__`` is that rank's exception."""
 
@@ -94,6 +98,8 @@ def run_sim(item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeo
                 reduction=options.reduction or "rank", seed=options.seed, faults=options.faults,
                 timeout=timeout, trace=trace)
     except RankError as err:
+        if isinstance(err.__cause__, _OUTCOMES):
+            raise err.__cause__ from None  # pytest.skip()/xfail() in the body: that is the outcome
         head, tail = _split_tail(str(err))
         if tail:
             add_section(item, "simdist flight recorder", tail)
@@ -210,18 +216,37 @@ def run_torchrun(item: pytest.Function, world: WorldSpec, options: SpmdOptions, 
                           layout=world.layout, backend=backend)
     except Exception as exc:  # reported below, after every rank has said how it went
         mine = exc
+    except _OUTCOMES as exc:  # pytest.skip()/xfail(): also exchanged, peers are about to ask
+        mine = exc
     # Every rank learns every rank's outcome, so all report the same failure
     # (and -x stops them all at the same test).
     outcomes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(outcomes, None if mine is None else _one_error(mine), group=outcome_group)
-    failed: dict[int, BaseException] = {r: _PeerFailure(text) for r, text in enumerate(outcomes) if text is not None}
+    dist.all_gather_object(outcomes, _outcome_of(mine), group=outcome_group)
+    failed: dict[int, BaseException] = {
+        r: _PeerFailure(text) for r, (kind, text) in enumerate(o or ("", "") for o in outcomes) if kind == "failed"
+    }
     if not failed:
+        if isinstance(mine, _OUTCOMES):
+            raise mine
+        for r, outcome in enumerate(outcomes):
+            if outcome is not None:  # another rank skipped or xfailed: so does this one
+                (pytest.skip if outcome[0] == "skipped" else pytest.xfail)(f"rank {r}: {outcome[1]}")
         return
     if mine is not None:
         failed[rank] = mine
     err = RankError("", failed, ())
     err.__cause__ = mine if mine is not None else failed[min(failed)]
     raise _rank_failed(err, world, here=rank) from mine
+
+
+def _outcome_of(exc: BaseException | None) -> tuple[str, str] | None:
+    if exc is None:
+        return None
+    if isinstance(exc, pytest.skip.Exception):
+        return "skipped", str(exc.msg)
+    if isinstance(exc, pytest.xfail.Exception):
+        return "xfailed", str(exc.msg)
+    return "failed", _one_error(exc)
 
 
 def _with_seed(ctx: Any, seed: int) -> Any:

@@ -155,6 +155,11 @@ def test_sum(ctx):
 def test_rank_one_fails(ctx):
     dist.barrier()
     assert ctx.rank == 0, "only rank 0 is right"
+
+@pytest.mark.simdist(world_size=2)
+def test_rank_one_skips(ctx):
+    if ctx.rank == 1:
+        pytest.skip("rank one says no")
 """
 
 
@@ -172,8 +177,9 @@ def test_under_torchrun_every_rank_joins_the_launched_world(pytester: pytest.Pyt
     )
     out = result.stdout.str()
     # Each rank prints its own session: both skip the 4-rank layout, pass the
-    # 2-rank one and report rank 1's failure.
-    assert out.count("1 failed, 1 passed, 1 skipped") == 2, out
+    # 2-rank one, report rank 1's failure and skip where rank 1 skipped.
+    assert out.count("1 failed, 1 passed, 2 skipped") == 2, out
+    assert out.count("rank one says no") == 2
     assert out.count("tp2-dp2-pp1 needs 4 ranks; torchrun started 2") == 2
     assert "RankFailed: rank 1 of 2 failed: AssertionError: only rank 0 is right" in out
     assert "this process is rank 0, which passed" in out

@@ -213,3 +213,18 @@ def test_traced(ctx):
     with open(path, encoding="utf-8") as fh:
         events = json.load(fh)["traceEvents"]
     assert sorted(e["tid"] for e in events if e.get("name") == "barrier") == [0, 1]
+
+
+def test_skip_and_xfail_inside_the_body_are_the_outcome(pytester: pytest.Pytester) -> None:
+    result = run(pytester, """
+@pytest.mark.simdist(world_size=2)
+def test_skips(ctx):
+    if ctx.rank == 1:
+        pytest.skip("not on this layout")
+
+@pytest.mark.simdist(world_size=2)
+def test_xfails(ctx):
+    pytest.xfail("known problem")
+""", "-rsx")
+    result.assert_outcomes(skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines_random(["SKIPPED [[]1[]] *: not on this layout", "XFAIL *test_xfails* - known problem"])
