@@ -87,7 +87,7 @@ class TestInAClass:
     result.assert_outcomes(passed=3, warnings=0)
 
 
-@pytest.mark.parametrize(("marker", "signature", "message"), [
+BAD_MARKERS = [
     ("layuot=Layout(tp=2)", "ctx", "unknown argument(s) layuot; expected layout, layouts, world_size*"),
     ("Layout(tp=2)", "ctx", "takes keyword arguments only*"),
     ("layout=Layout(tp=2), world_size=2", "ctx", "give exactly one of layout=, layouts=, world_size=; got layout, world_size"),
@@ -97,16 +97,20 @@ class TestInAClass:
     ("world_size=0", "ctx", "world_size must be a positive int*got 0"),
     ("world_size=2, reduction='rnig'", "ctx", "reduction='rnig': reduction must be one of*"),
     ("world_size=2, timeout=-1", "ctx", "timeout must be a positive number of seconds, got -1"),
-])
-def test_a_bad_marker_fails_collection_naming_the_test(pytester: pytest.Pytester, marker: str, signature: str,
-                                                        message: str) -> None:
-    result = run(pytester, f"""
-@pytest.mark.simdist({marker})
-def test_bad({signature}):
-    pass
-""")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*@pytest.mark.simdist on test_bad: {message}"])
+]
+
+
+def test_a_bad_marker_fails_collection_naming_the_test(pytester: pytest.Pytester) -> None:
+    # One module per mistake, all in one session.
+    pytester.makepyfile(**{
+        f"test_bad{i}": HEADER + f"\n@pytest.mark.simdist({marker})\ndef test_bad{i}({signature}):\n    pass\n"
+        for i, (marker, signature, _) in enumerate(BAD_MARKERS)
+    })
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=len(BAD_MARKERS))
+    result.stdout.fnmatch_lines_random([
+        f"*@pytest.mark.simdist on test_bad{i}: {message}" for i, (_, _, message) in enumerate(BAD_MARKERS)
+    ])
 
 
 # -------------------------------------------------------------- reports
