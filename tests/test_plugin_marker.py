@@ -124,7 +124,7 @@ def test_fails(ctx):
     if ctx.rank == 1:
         seen = int(t.item()) + 1
         assert seen == 2, "tp sum is off"
-    dist.all_reduce(t, group=ctx.groups.tp)
+    dist.all_reduce(t)  # every other rank waits here for rank 1, which never comes
 """
 
 
@@ -144,7 +144,7 @@ def test_a_failing_rank_is_reported_once_with_coordinates_assertion_and_flight_r
         "*- simdist flight recorder -*",
         "last calls per rank (flight recorder):",
         "  rank 0:",
-        "    all_reduce on tp/mp [[]0, 1[]] seq 1 shapes [[][[]1[]][]] float32 4 B at test_*.py:*: started*",
+        "    all_reduce on world [[]0, 1, 2, 3[]] seq 0 shapes [[][[]1[]][]] float32 4 B at test_*.py:*: started*",
         "FAILED *test_fails[[]tp2-dp2-pp1[]]*",
     ])
     # Released ranks are a line, not tracebacks of their own; no c10d log noise.
