@@ -116,6 +116,7 @@ def test_only_runs_inside_the_block_of_this_thread_count() -> None:
 def test_a_failed_run_still_counts_the_calls_made_before_the_failure() -> None:
     def failing(ctx: simdist.RankContext) -> None:
         dist.all_reduce(torch.ones(2), group=ctx.groups.tp)
+        dist.barrier()  # every tp call has completed before rank 1 fails
         if ctx.rank == 1:
             raise RuntimeError("boom")
         dist.all_reduce(torch.ones(2), group=ctx.groups.dp)
@@ -124,6 +125,7 @@ def test_a_failed_run_still_counts_the_calls_made_before_the_failure() -> None:
         with pytest.raises(simdist.RankError):
             simdist.run(failing, layout=LAYOUT)
     assert stats.count(group="tp") == CommCount(4, 32)
+    assert stats.count(op="barrier").calls == 4
 
 
 def test_same_as_shows_the_difference() -> None:
