@@ -168,13 +168,7 @@ def test_rank_one_skips(ctx):
 def test_under_torchrun_every_rank_joins_the_launched_world(pytester: pytest.Pytester,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(TORCHRUN_SUITE)
-    root = str(HERE.parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    result = pytester.run(
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "--simdist-backend=gloo",
-        timeout=240,
-    )
+    result = torchrun_pytest(pytester, monkeypatch)
     out = result.stdout.str()
     # Each rank prints its own session: both skip the 4-rank layout, pass the
     # 2-rank one, report rank 1's failure and skip where rank 1 skipped.
@@ -183,3 +177,65 @@ def test_under_torchrun_every_rank_joins_the_launched_world(pytester: pytest.Pyt
     assert out.count("tp2-dp2-pp1 needs 4 ranks; torchrun started 2") == 2
     assert "RankFailed: rank 1 of 2 failed: AssertionError: only rank 0 is right" in out
     assert "this process is rank 0, which passed" in out
+
+
+def torchrun_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.RunResult:
+    root = str(HERE.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    return pytester.run(
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "--simdist-backend=gloo",
+        timeout=240,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.gloo
+def test_under_torchrun_ranks_that_collected_different_tests_stop(pytester: pytest.Pytester,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile("""
+import os
+import pytest
+
+@pytest.mark.simdist(world_size=2)
+def test_everywhere(ctx):
+    pass
+
+if os.environ["RANK"] == "1":
+    @pytest.mark.simdist(world_size=2)
+    def test_only_on_rank_one(ctx):
+        pass
+""")
+    result = torchrun_pytest(pytester, monkeypatch)
+    err = result.stderr.str()
+    assert err.count("simdist under torchrun: the ranks collected different simdist tests") == 2, err
+    assert "rank 0: 1 tests" in err and "rank 1: 2 tests" in err
+
+
+@pytest.mark.slow
+@pytest.mark.gloo
+def test_a_failing_gloo_rank_is_reported_with_its_assertion(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+import pytest
+import torch
+import torch.distributed as dist
+from simdist import Layout
+
+@pytest.mark.simdist(layout=Layout(dp=2))
+def test_fails(ctx):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=ctx.groups.dp)
+    if ctx.rank == 1:
+        seen = int(t.item()) + 1
+        assert seen == 2, "dp sum is off"
+    dist.all_reduce(t)
+""")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--simdist-backend=gloo")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*assert seen == 2, \"dp sum is off\"",
+        "AssertionError: dp sum is off",
+        "assert 3 == 2",  # pytest's rewriting, inside the rank's process
+        "E*RankFailed: rank 1 (tp=0 cp=0 dp=1 pp=0) failed: AssertionError: dp sum is off [[]...[]]",
+        "*released by that failure (not failures of their own): rank(s) 0",
+    ])
