@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from plugin_programs import FAILING_RANK_ONE
 
 # torch.testing.assert_close imports this lazily. An in-process pytester run
 # that triggers that import drops the module again when it restores
@@ -215,21 +216,7 @@ if os.environ["RANK"] == "1":
 @pytest.mark.slow
 @pytest.mark.gloo
 def test_a_failing_gloo_rank_is_reported_with_its_assertion(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("""
-import pytest
-import torch
-import torch.distributed as dist
-from simdist import Layout
-
-@pytest.mark.simdist(layout=Layout(dp=2))
-def test_fails(ctx):
-    t = torch.ones(1)
-    dist.all_reduce(t, group=ctx.groups.dp)
-    if ctx.rank == 1:
-        seen = int(t.item()) + 1
-        assert seen == 2, "dp sum is off"
-    dist.all_reduce(t)
-""")
+    pytester.makepyfile(FAILING_RANK_ONE.format(layout="Layout(dp=2)", axis="dp"))
     result = pytester.runpytest("-p", "no:cacheprovider", "--simdist-backend=gloo")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([

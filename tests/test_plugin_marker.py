@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from plugin_programs import FAILING_RANK_ONE
 
 pytest_plugins = ["pytester"]
 
@@ -116,21 +117,12 @@ def test_a_bad_marker_fails_collection_naming_the_test(pytester: pytest.Pytester
 # -------------------------------------------------------------- reports
 
 
-FAILING = """
-@pytest.mark.simdist(layout=Layout(tp=2, dp=2))
-def test_fails(ctx):
-    t = torch.ones(1)
-    dist.all_reduce(t, group=ctx.groups.tp)
-    if ctx.rank == 1:
-        seen = int(t.item()) + 1
-        assert seen == 2, "tp sum is off"
-    dist.all_reduce(t)  # every other rank waits here for rank 1, which never comes
-"""
 
 
 def test_a_failing_rank_is_reported_once_with_coordinates_assertion_and_flight_recorder(
         pytester: pytest.Pytester) -> None:
-    result = run(pytester, FAILING)
+    pytester.makepyfile(FAILING_RANK_ONE.format(layout="Layout(tp=2, dp=2)", axis="tp"))
+    result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     result.stdout.fnmatch_lines([
