@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import c10d_state, stacks
+from . import c10d_state, comm_stats, stacks
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -244,8 +244,9 @@ def run(
         raise TypeError(f"faults must be a simdist.FaultPlan, got {type(faults).__name__}")
     if isinstance(flight_records, bool) or not isinstance(flight_records, int) or flight_records < 1:
         raise ValueError(f"flight_records must be a positive int, got {flight_records!r}")
+    counting = comm_stats.active()
     world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
-                  keep_trace=trace is not None, flight_records=flight_records)
+                  keep_trace=trace is not None or bool(counting), flight_records=flight_records)
 
     register_backend()
     results: list[Any] = [None] * n
@@ -293,6 +294,8 @@ def run(
             raise
     finally:
         c10d_state.uninstall()
+        for stats in counting:
+            stats.add_records(world.recorder.all_records())
         if trace is not None:
             world.recorder.write_chrome_trace(trace, world.describe_rank)
     return _outcome(world, results, failures, timed_out)
