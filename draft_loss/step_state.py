@@ -170,7 +170,11 @@ class DraftStepState:
                 )
             return
         self._require(StepPhase.ACCUMULATING, "record_global_counts")
-        assert self._weights is not None
+        if self._weights is None:
+            raise StepOrderError(
+                "record_global_counts: no microbatch was accumulated in this step, so there are no "
+                "counts to record (accumulate at least one microbatch, or abort() the step)"
+            )
         bins = int(self._weights.shape[0])
         if not isinstance(reduced, torch.Tensor) or reduced.dim() != 1 or reduced.shape[0] != 2 * bins:
             raise ValueError(
