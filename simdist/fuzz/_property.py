@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TypeVar
 
 import hypothesis
+from hypothesis.control import currently_in_test_context
 
 __all__ = ["FuzzSpec", "replayable", "cover", "spec_of", "encode_case", "last_failure", "clear_failures"]
 
@@ -125,7 +126,12 @@ def cover(**features: object) -> None:
     """Record what this case covers, one Hypothesis event per feature.
 
     Each becomes ``hypothesis.event("name=value")``: visible in Hypothesis'
-    statistics and counted by the campaign's coverage summary.
+    statistics and counted by the campaign's coverage summary. Outside a
+    Hypothesis test it does nothing.
     """
+    # Outside a Hypothesis test (a property body called by hand) there is
+    # nothing to record into; coverage is bookkeeping, never a failure.
+    if not currently_in_test_context():
+        return
     for name, value in features.items():
         hypothesis.event(f"{name}={value}")
