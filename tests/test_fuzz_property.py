@@ -1,0 +1,69 @@
+"""``simdist.fuzz.replayable`` / ``cover`` and case files, in-process (no campaign)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simdist import fuzz
+from simdist.fuzz import CaseFileError, read_case, replay_case, write_case
+from simdist.fuzz._property import clear_failures, last_failure, spec_of
+
+
+def test_replayable_needs_the_case_parameter_and_a_callable_decoder():
+    with pytest.raises(TypeError, match=r"has no parameter 'case'.*\['values'\]"):
+        fuzz.replayable(dict)(lambda values: None)
+    with pytest.raises(TypeError, match="decode must be callable"):
+        fuzz.replayable("not callable")  # type: ignore[arg-type]
+
+
+def test_the_last_failure_recorded_is_the_shrunk_case():
+    clear_failures()
+
+    @settings(database=None, derandomize=True, max_examples=200)
+    @given(case=st.fixed_dictionaries({"x": st.integers(0, 10_000)}))
+    @fuzz.replayable(dict)
+    def prop(case):
+        assert case["x"] < 1234
+
+    with pytest.raises(AssertionError):
+        prop()
+    record = last_failure(prop)
+    assert record is not None and record.case == {"x": 1234} and record.error_type == "AssertionError"
+    assert spec_of(prop).arg == "case"
+
+
+def test_a_case_that_is_not_json_is_refused_clearly():
+    clear_failures()
+
+    @settings(database=None, max_examples=5)
+    @given(case=st.just({"t": object()}))
+    @fuzz.replayable(dict)
+    def prop(case):
+        raise ValueError("boom")
+
+    with pytest.raises(TypeError, match="not JSON-serialisable"):
+        prop()
+
+
+def test_cover_outside_a_test_does_nothing():
+    fuzz.cover(tp=2)  # no Hypothesis context: must not raise
+
+
+def test_case_files_round_trip_and_bad_files_are_named(tmp_path):
+    path = write_case(tmp_path, "tests/x.py::test_p", {"a": [1, 2]}, "AssertionError", "bad", {"seed": 1})
+    case = read_case(path)
+    assert (case.target, case.case, case.error["type"], case.found["seed"]) == ("tests/x.py::test_p", {"a": [1, 2]}, "AssertionError", 1)
+    # The same property and case always get the same file name.
+    assert write_case(tmp_path, "tests/x.py::test_p", {"a": [1, 2]}, "E", "", {}) == path
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(CaseFileError, match="not a simdist fuzz case"):
+        read_case(wrong)
+    with pytest.raises(CaseFileError, match="no such file"):
+        read_case(tmp_path / "missing.json")
+    missing_target = write_case(tmp_path, "tests/nowhere_at_all.py::test_p", {}, "E", "", {})
+    with pytest.raises(CaseFileError, match="not found"):
+        replay_case(missing_target)
