@@ -8,6 +8,7 @@ stuck in plain compute past the watchdog, interrupted and then joined) before
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import os
 import sys
@@ -99,7 +100,7 @@ class World:
         try:
             for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
                 where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
-                self._apply(fault, where, group, call.op, call.payload, call)
+                self._apply(fault, where, group, call.op, call.payload, call, call.rank)
         except BaseException:
             Recorder.finish(call.record, failed=True)
             raise
@@ -115,18 +116,20 @@ class World:
                 where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
                 # The send's tensor is already simdist's own snapshot.
                 payload = {"t": op.tensor} if op.kind == "send" else {}
-                self._apply(fault, where, op.group, op.kind, payload, None)
+                self._apply(fault, where, op.group, op.kind, payload, None, me)
         except BaseException:
             Recorder.finish(op.record, failed=True)
             raise
 
     def _apply(self, fault: Fault, where: str, group: GroupInfo, op: str,
-               payload: dict[str, Any], call: Call | None) -> None:
+               payload: dict[str, Any], call: Call | None, rank: int) -> None:
         kind = fault.kind
         if kind == "crash":
-            raise InjectedFault(f"injected crash at {where}")
+            crash = InjectedFault(f"injected crash at {where}")
+            self.scheduler.record(rank, crash)
+            raise crash
         if kind == "delay":
-            time.sleep(fault.seconds)
+            self.scheduler.sleep(fault.seconds)
         elif kind == "corrupt":
             corrupt_contribution(op, payload, fault.mode)
         elif kind == "timeout":
@@ -142,6 +145,8 @@ class World:
                 f"simdist: communicator {group.describe()} was aborted at {where}; every pending "
                 f"and later call on it fails until the world is rebuilt"
             )
+            # Members other than this rank fail because of it: a consequence.
+            error.simdist_origin = rank  # type: ignore[attr-defined]
             self.scheduler.fail_group(group.name, error)
             raise BackendError(*error.args)
 
@@ -149,7 +154,9 @@ class World:
         # An early, unlocked check; the scheduler re-checks under its lock.
         error = self.scheduler.group_aborted(group.name)
         if error is not None:
-            raise BackendError(*error.args)
+            fresh = BackendError(*error.args)
+            fresh.__dict__.update(error.__dict__)  # keeps who aborted it
+            raise fresh
 
     def _on_done(self, waitable: Waitable) -> None:
         failed = waitable.error is not None
@@ -244,8 +251,11 @@ def run(
         raise TypeError(f"faults must be a simdist.FaultPlan, got {type(faults).__name__}")
     if isinstance(flight_records, bool) or not isinstance(flight_records, int) or flight_records < 1:
         raise ValueError(f"flight_records must be a positive int, got {flight_records!r}")
+    if trace is not None:
+        _check_trace_path(trace)
     world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
                   keep_trace=trace is not None, flight_records=flight_records)
+    run_name = _name_run(fn)
 
     register_backend()
     results: list[Any] = [None] * n
@@ -277,6 +287,7 @@ def run(
             bind_current(None)
 
     c10d_state.install()
+    timed_out: str | None = None
     try:
         threads = [
             threading.Thread(target=rank_main, args=(r,), name=f"simdist-rank-{r}", daemon=True)
@@ -293,9 +304,43 @@ def run(
             raise
     finally:
         c10d_state.uninstall()
+        # A group object can outlive its run (returned from the body, kept in a
+        # global): calls on it must fail at once, not wait for ranks that are gone.
+        world.scheduler.close(SimulationError(
+            f"this process group belongs to {run_name}, which has already ended: a group "
+            f"can only be used inside the run that created it"
+        ))
+        trace_error = None
         if trace is not None:
-            world.recorder.write_chrome_trace(trace, world.describe_rank)
-    return _outcome(world, results, failures, timed_out)
+            try:
+                world.recorder.write_chrome_trace(trace, world.describe_rank)
+            except OSError as exc:  # never hide the run's own outcome behind it
+                trace_error = exc
+    results = _outcome(world, results, failures, timed_out, trace_error)
+    if trace_error is not None:
+        raise trace_error
+    return results
+
+
+_run_counter = itertools.count(1)
+
+
+def _name_run(fn: Callable[..., Any]) -> str:
+    return f"simdist.run #{next(_run_counter)} (body {getattr(fn, '__qualname__', repr(fn))})"
+
+
+def _check_trace_path(trace: str | os.PathLike[str]) -> None:
+    """Refuse a trace path that cannot be written before any rank starts."""
+    if not isinstance(trace, (str, os.PathLike)):
+        raise TypeError(f"trace must be a file path, got {type(trace).__name__}")
+    path = os.fspath(trace)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"trace={path!r} is a directory; pass a file path such as 'step.json'")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"trace={path!r}: its directory does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"trace={path!r}: its directory is not writable")
 
 
 def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> str | None:
@@ -342,34 +387,51 @@ def _interrupt(threads: list[threading.Thread], world: World, error: SimulationE
 
 
 def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],
-             timed_out: str | None) -> list[Any]:
+             timed_out: str | None, trace_error: BaseException | None = None) -> list[Any]:
+    """What ``run`` returns or raises, decided from what happened, not from
+    which thread got somewhere first. In order: a deadlock, a collective
+    mismatch (both even when every rank caught them), the watchdog, rank
+    failures (the lowest failed rank is the cause), calls left incomplete."""
     sched = world.scheduler
+    note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
     tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
+    watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
+    if sched.deadlock is not None:
+        err = DeadlockError(f"{sched.deadlock}{watchdog}\n{tail}{note}")
+        err.failures, err.results = failures, results  # type: ignore[attr-defined]
+        raise err from sched.deadlock
+    mismatch = next((e for _, e in sched.recorded if isinstance(e, CollectiveMismatchError)), None)
+    if mismatch is not None:
+        err2 = CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail}{note}")
+        err2.failures, err2.results = failures, results  # type: ignore[attr-defined]
+        raise err2 from mismatch
     if timed_out is not None:
-        raise SimulationTimeout(f"{timed_out}\n{tail}")
-    first = sched.first_failure
-    abort = sched.aborted
-    if first is None and isinstance(abort, SimulationError) and not isinstance(abort, PeerFailedError):
-        err = type(abort)(f"{abort}\n{tail}")
-        err.failures = failures  # type: ignore[attr-defined]
-        raise err
-    if first is not None:
-        rank, exc = first
-        if isinstance(exc, (CollectiveMismatchError, DeadlockError)):
-            err2 = type(exc)(f"{exc}\n{tail}")
-            err2.failures = failures  # type: ignore[attr-defined]
-            raise err2 from exc
-        independent = {r: e for r, e in failures.items() if r not in sched.released}
+        raise SimulationTimeout(f"{timed_out}\n{tail}{note}")
+    own = {r: e for r, e in failures.items() if r not in sched.released}
+    caught = {}
+    for r, e in sched.recorded:  # simdist errors a rank caught and went on from
+        if r not in failures and r not in caught:
+            caught[r] = e
+    if own or caught:
         lines = [
             f"rank {r} ({world.describe_rank(r)}) failed: {type(e).__name__}: {e}"
-            for r, e in sorted(independent.items(), key=lambda kv: (kv[0] != rank, kv[0]))
+            for r, e in sorted(own.items())
+        ]
+        lines += [
+            f"rank {r} ({world.describe_rank(r)}) caught {type(e).__name__} and went on "
+            f"(a failure all the same): {e}"
+            for r, e in sorted(caught.items())
         ]
         released = sorted(sched.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")
-        lines.append(tail)
-        raise RankError("\n".join(lines), independent, released) from exc
+        lines.append(tail + note)
+        everything = {**caught, **own}
+        first = everything[min(everything)]
+        raise RankError("\n".join(lines), everything, released) from first
+    if failures:  # only released ranks: cannot happen, but never return silently
+        raise RankError(f"rank(s) {sorted(failures)} failed\n{tail}{note}", failures)
     leftovers = sched.leftovers()
     if leftovers is not None:
-        raise DeadlockError(f"every rank returned, but {leftovers}\n{tail}")
+        raise DeadlockError(f"every rank returned, but {leftovers}\n{tail}{note}")
     return results
