@@ -6,6 +6,7 @@
 
 from .context import Groups, RankContext
 from .errors import (
+    BufferOverlapError,
     CollectiveMismatchError,
     DeadlockError,
     PeerFailedError,
@@ -22,6 +23,7 @@ from .retry import RetryOutcome, run_with_retry
 from .world import run
 
 __all__ = [
+    "BufferOverlapError",
     "CollectiveMismatchError",
     "Coords",
     "DeadlockError",

@@ -212,6 +212,8 @@ class SimProcessGroup(dist.ProcessGroup):
         n = self.size()
         if len(outs) != n:
             raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors, expected group size {n}")
+        for j, o in enumerate(outs):
+            _same_dtype("all_gather", f"tensor_list[{j}]", o, "tensor", t)
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -223,13 +225,14 @@ class SimProcessGroup(dist.ProcessGroup):
                             f"all_gather: rank {c.rank}'s tensor_list[{j}] has shape "
                             f"{list(o.shape)} but rank {ranks[j]} contributed {list(src.shape)}"
                         )
-                    o.copy_(src)
+                    C.copy_into(o, src)
 
         return self._collective("all_gather", (("dtype", t.dtype),),
                                 {"t": t, "outs": outs}, complete, outs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         n = self.size()
+        _same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         if output.numel() != n * input.numel():
             raise ValueError(
                 f"all_gather_into_tensor: output_tensor has {output.numel()} elements, expected "
@@ -238,9 +241,14 @@ class SimProcessGroup(dist.ProcessGroup):
         out_flat = C.flat(output, "all_gather_into_tensor output_tensor")
 
         def complete(calls: list[Call]) -> None:
+            # Slot by slot: a rank's input may be its own slot of the output
+            # (FSDP2 gathers in place), which torch.cat(out=) refuses.
             srcs = [C.flat(c.payload["in"], "all_gather_into_tensor input_tensor") for c in calls]
+            k = srcs[0].numel()
             for c in calls:
-                torch.cat(srcs, out=c.payload["out_flat"])
+                out = c.payload["out_flat"]
+                for j, src in enumerate(srcs):
+                    C.copy_into(out.narrow(0, j * k, k), src)
 
         return self._collective("all_gather_into_tensor", (("shape", _shape(input)), ("dtype", input.dtype)),
                                 {"in": input, "out_flat": out_flat}, complete, [output])
@@ -262,6 +270,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if len(ins) != n:
             raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors, expected group size {n}")
         for i, x in enumerate(ins):
+            _same_dtype("reduce_scatter", "output", out, f"input_list[{i}]", x)
             if x.shape != out.shape:
                 raise ValueError(
                     f"reduce_scatter: input_list[{i}] has shape {list(x.shape)}, "
@@ -279,6 +288,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         n = self.size()
+        _same_dtype("reduce_scatter_tensor", "output", output, "input", input)
         if input.numel() != n * output.numel():
             raise ValueError(
                 f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
@@ -318,6 +328,8 @@ class SimProcessGroup(dist.ProcessGroup):
             outs = list(_one(output_lists, "gather"))  # type: ignore[arg-type]
             if len(outs) != self.size():
                 raise ValueError(f"gather: gather_list has {len(outs)} tensors, expected group size {self.size()}")
+            for j, o in enumerate(outs):
+                _same_dtype("gather", f"gather_list[{j}]", o, "tensor", t)
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -328,7 +340,7 @@ class SimProcessGroup(dist.ProcessGroup):
                         f"gather: root's gather_list[{j}] has shape {list(o.shape)} but rank "
                         f"{ranks[j]} contributed {list(src.shape)}"
                     )
-                o.copy_(src)
+                C.copy_into(o, src)
 
         return self._collective("gather", (("dtype", t.dtype), ("root", root)),
                                 {"t": t, "outs": outs}, complete, outs)
@@ -343,6 +355,8 @@ class SimProcessGroup(dist.ProcessGroup):
             ins = list(_one(input_lists, "scatter"))  # type: ignore[arg-type]
             if len(ins) != self.size():
                 raise ValueError(f"scatter: scatter_list has {len(ins)} tensors, expected group size {self.size()}")
+            for j, x in enumerate(ins):
+                _same_dtype("scatter", "tensor", out, f"scatter_list[{j}]", x)
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -354,7 +368,7 @@ class SimProcessGroup(dist.ProcessGroup):
                         f"scatter: rank {ranks[j]}'s output has shape {list(o.shape)} but the "
                         f"root's scatter_list[{j}] has shape {list(src[j].shape)}"
                     )
-                o.copy_(src[j])
+                C.copy_into(o, src[j])
 
         return self._collective("scatter", (("dtype", out.dtype), ("root", root)),
                                 {"out": out, "ins": ins}, complete, [out])
@@ -367,6 +381,9 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"all_to_all: expected {n} output and input tensors (the group size), "
                 f"got {len(outputs)} and {len(inputs)}"
             )
+        for i, t in enumerate(list(outputs) + list(inputs)):
+            what = f"output_tensor_list[{i}]" if i < n else f"input_tensor_list[{i - n}]"
+            _same_dtype("all_to_all", what, t, "input_tensor_list[0]", inputs[0])
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -434,7 +451,7 @@ class SimProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "recv")
         info = self.info
         peer = self._peer(src, "recv", "src")
-        op = P2POp("recv", info, peer, self._global_rank, tag, t.detach(), stacks.call_site(2))
+        op = P2POp("recv", info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
         self._world.before_p2p(op)
         self._scheduler.post_p2p(op, _deliver)
         return SimWork(self._scheduler, self._global_rank, op, [t])
@@ -464,22 +481,35 @@ class SimProcessGroup(dist.ProcessGroup):
         raise UnsupportedOperationError("coalescing managers are not supported by simdist")
 
 
+def _same_dtype(op: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """gloo and NCCL refuse outputs and inputs of different dtypes; so does simdist
+    (a silent cast would pass a test that fails on a cluster)."""
+    if a.dtype != b.dtype:
+        raise TypeError(
+            f"{op}: {name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}; real "
+            f"backends (gloo, NCCL) refuse mixed dtypes: cast one of them"
+        )
+
+
 def _detached(payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Detached aliases of every tensor in a payload, and whether any of them
     is an inference tensor.
 
     A real backend writes results straight into the tensors' memory, unseen by
-    autograd: a Parameter can be broadcast into, a non-leaf keeps its grad_fn.
-    Detached aliases share that memory but not the autograd history.
+    autograd: a Parameter can be broadcast into, a non-leaf keeps its grad_fn,
+    and the version counter does not move (a tensor saved for backward and then
+    all-reduced still backpropagates, as on gloo). ``.data`` aliases share that
+    memory but neither the autograd history nor the version counter
+    (``detach()`` would share the counter).
     """
     out: dict[str, Any] = {}
     inference = False
     for key, value in payload.items():
         if isinstance(value, torch.Tensor):
-            out[key] = value.detach()
+            out[key] = value.data
             inference = inference or value.is_inference()
         elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-            out[key] = [t.detach() for t in value]
+            out[key] = [t.data for t in value]
             inference = inference or any(t.is_inference() for t in value)
         else:
             out[key] = value

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, corrupt_contribution
 from .layout import Layout
+from .overlap import check_members_disjoint
 from .reduction import ReductionModel, make_model
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
@@ -172,6 +173,7 @@ class World:
                 raise call.injected
         first = calls[0].fingerprint
         if all(c.fingerprint == first for c in calls[1:]):
+            check_members_disjoint(calls[0].op, group.describe(), seq, calls)
             return
         rows = []
         for c in calls:
