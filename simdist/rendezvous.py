@@ -647,15 +647,14 @@ def _deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone:
 def _find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
     """One cycle of the wait-for graph inside ``within`` (lowest rank first), or []."""
     for start in sorted(within):
-        path, index, r = [], {}, start
-        while r in within and r not in index:
+        path: list[int] = []
+        index: dict[int, int] = {}
+        r: int | None = start
+        while r is not None and r not in index:
             index[r] = len(path)
             path.append(r)
-            nxt = [p for p in sorted(graph[r]) if p in within]
-            if not nxt:
-                break
-            r = nxt[0]
-        if r in index:
+            r = next((p for p in sorted(graph[r]) if p in within), None)
+        if r is not None:
             cycle = path[index[r]:]
             low = cycle.index(min(cycle))
             return cycle[low:] + cycle[:low]
