@@ -485,7 +485,7 @@ def _same_dtype(op: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Ten
     """gloo and NCCL refuse outputs and inputs of different dtypes; so does simdist
     (a silent cast would pass a test that fails on a cluster)."""
     if a.dtype != b.dtype:
-        raise TypeError(
+        raise ValueError(
             f"{op}: {name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}; real "
             f"backends (gloo, NCCL) refuse mixed dtypes: cast one of them"
         )
