@@ -91,33 +91,36 @@ class World:
     # -- per-call hooks -----------------------------------------------------
 
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
-        """Record the call and apply any fault due (runs on the calling rank)."""
-        if self.scheduler.any_group_aborted:
-            self._raise_if_group_aborted(group)
+        """Record the call and apply any fault due (runs on the calling rank).
+
+        This rank's own faults act before it learns that the communicator was
+        aborted elsewhere: what it reports must not depend on which thread got
+        there first.
+        """
         call.record = self.recorder.start(call.rank, seq, group, call.op,
                                           tensors_of(call.payload), call.site)
-        if self.faults is None:
+        if self.faults is None and not self.scheduler.any_group_aborted:
             return
         try:
-            for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
-                where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
-                self._apply(fault, where, group, call.op, call.payload, call, call.rank)
+            if self.faults is not None:
+                for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
+                    where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
+                    self._apply(fault, where, group, call.op, call.payload, call, call.rank)
+            self._raise_if_group_aborted(group)
         except BaseException:
             Recorder.finish(call.record, failed=True)
             raise
 
     def before_p2p(self, op: P2POp) -> None:
         me = op.src if op.kind == "send" else op.dst
-        self._raise_if_group_aborted(op.group)
         op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
-        if self.faults is None:
-            return
         try:
-            for fault in self.faults.due(me, op.kind, op.group.describe(), -1):
+            for fault in self.faults.due(me, op.kind, op.group.describe(), -1) if self.faults else ():
                 where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
                 # The send's tensor is already simdist's own snapshot.
                 payload = {"t": op.tensor} if op.kind == "send" else {}
                 self._apply(fault, where, op.group, op.kind, payload, None, me)
+            self._raise_if_group_aborted(op.group)
         except BaseException:
             Recorder.finish(op.record, failed=True)
             raise

@@ -21,6 +21,8 @@ import torch.distributed as dist
 import collective_reference as ref
 import simdist
 
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+
 TIMEOUT = 30.0
 K = 3
 
