@@ -22,8 +22,13 @@ _READ = ("in", "ins")
 _READ_T_OPS = frozenset({"all_gather", "gather"})
 
 
-def _entries(call: Any) -> list[tuple[str, int, int, int, bool, str, torch.Tensor]]:
+def _entries(call: Any) -> list[tuple[int, int, int, int, bool, str, torch.Tensor]]:
+    """(device, first byte, end byte, member, written, name, tensor) per buffer.
+
+    Runs on every collective, so it does as little Python as it can.
+    """
     out = []
+    member = call.group_rank
     for key, value in call.payload.items():
         if key in _WRITTEN:
             written = not (key == "t" and call.op in _READ_T_OPS)
@@ -31,14 +36,20 @@ def _entries(call: Any) -> list[tuple[str, int, int, int, bool, str, torch.Tenso
             written = False
         else:
             continue
-        tensors = value if isinstance(value, (list, tuple)) else [value]
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor) or t.numel() == 0:
-                continue
+        if isinstance(value, torch.Tensor):
+            items: Any = ((key, value),)
+        else:
+            items = ((f"{key}[{i}]", t) for i, t in enumerate(value))
+        for name, t in items:
             lo = t.data_ptr()
-            extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-            name = key if len(tensors) == 1 and not isinstance(value, list) else f"{key}[{i}]"
-            out.append((str(t.device), lo, lo + extent * t.element_size(), call.group_rank, written, name, t))
+            if t.is_contiguous():
+                hi = lo + t.nbytes
+            elif t.numel():
+                hi = lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+            else:
+                hi = lo
+            if hi > lo:
+                out.append((t.get_device(), lo, hi, member, written, name, t))
     return out
 
 
@@ -59,11 +70,21 @@ def _really_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.isin(offsets(a), offsets(b)).any())
 
 
+def _by_address(entry: tuple[Any, ...]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
 def check_members_disjoint(op: str, group_label: str, seq: int, calls: Sequence[Any]) -> None:
     """Raise ``BufferOverlapError`` when two members' buffers share memory and
     at least one of them is written by the collective."""
-    entries = sorted((e for c in calls for e in _entries(c)), key=lambda e: (e[0], e[1]))
-    for i, (dev, lo, hi, member, written, name, t) in enumerate(entries):
+    entries = [e for c in calls for e in _entries(c)]
+    entries.sort(key=_by_address)
+    last = len(entries) - 1
+    for i in range(last):
+        dev, lo, hi, member, written, name, t = entries[i]
+        nxt = entries[i + 1]
+        if nxt[0] != dev or nxt[1] >= hi:
+            continue  # sorted by start: nothing later can overlap this one either
         for dev2, lo2, hi2, member2, written2, name2, t2 in entries[i + 1:]:
             if dev2 != dev or lo2 >= hi:
                 break

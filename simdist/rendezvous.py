@@ -28,6 +28,11 @@ from . import stacks
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
 # explicit; this only bounds a lost wake-up.
 _POLL_S = 0.5
+# A rank that waits on ranks that are themselves waiting looks for a closed set
+# after this long, not at once: most such waits end sooner (the peer's own
+# collective completes), and the graph walk would cost more than the handoff.
+# Exactness is unaffected: a closed set never opens again.
+_SETTLE_AFTER_S = 0.02
 
 
 class RankState(enum.Enum):
@@ -400,6 +405,7 @@ class Scheduler:
     def wait(self, rank: int, waitable: Waitable) -> None:
         """Block ``rank`` until ``waitable`` is done; raise its error if any."""
         slot = self._slots[rank]
+        settle_pending = False
         while True:
             with self._lock:
                 if slot.interrupt is not None:
@@ -413,15 +419,20 @@ class Scheduler:
                     break
                 if self._abort is not None:
                     self._raise_if_aborted(rank)
-                if slot.state is RankState.RUNNING:
+                if settle_pending:
+                    settle_pending = False
+                    self._settle_locked(rank, defer=False)
+                    if slot.interrupt is not None:
+                        continue
+                elif slot.state is RankState.RUNNING:
                     slot.state = RankState.WAITING
                     slot.waiting_on = waitable
                     self._running -= 1
-                    self._settle_locked(rank)
+                    settle_pending = self._settle_locked(rank, defer=True)
                     if slot.interrupt is not None:
                         continue  # this rank can never complete: raise on the next pass
                     self._pass_baton_locked()
-            slot.parker.park(_POLL_S)
+            slot.parker.park(_SETTLE_AFTER_S if settle_pending else _POLL_S)
         if waitable.error is not None:
             raise _copy_error(waitable.error)
 
@@ -467,20 +478,25 @@ class Scheduler:
 
     # -- deadlock detection -----------------------------------------------
 
-    def _settle_locked(self, trigger: int | None) -> None:
+    def _settle_locked(self, trigger: int | None, defer: bool = False) -> bool:
         """Find the waiting ranks that can never complete; interrupt each.
 
         ``trigger`` is a rank that has just started waiting (only a closed set
-        containing it can be new), or None after a rank left.
+        containing it can be new), or None after a rank left. With ``defer``,
+        a walk of the graph is not done now: returns True when it is needed
+        (the caller runs it again shortly, if ``trigger`` still waits).
         """
         slots = self._slots
         if self._abort is not None:
-            return
+            return False
         if trigger is not None:
             # The common case, kept O(group size): every rank it needs runs.
             needed = slots[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]
             if all(slots[p].state is RankState.RUNNING for p in needed):
-                return
+                return False
+            # A peer that has left: certain at once, no walk needed to know it.
+            if defer and not any(p in self._gone for p in needed):
+                return True
             graph = self._waiting_graph_from(trigger)
         else:
             graph = {
@@ -489,26 +505,38 @@ class Scheduler:
             }
         stuck = _cannot_complete(graph, lambda r: slots[r].state is RankState.RUNNING)
         if not stuck:
-            return
+            return False
         roots = self._failed_roots(graph, stuck)
-        released = {r: roots[r] for r in stuck if roots[r] is not None}
-        deadlocked = [r for r in stuck if roots[r] is None]
-        if deadlocked:
-            headline = _deadlock_headline(graph, deadlocked, self._gone, all_wait=self._running == 0)
+        why = {r: f"which failed with {slots[roots[r]].failure}" for r in stuck if roots[r] is not None}
+        deadlocked = {r for r in stuck if roots[r] is None}
+        # The core of a deadlock (ranks on a cycle, or waiting on a rank that
+        # has finished) is the same whatever the timing; ranks that merely
+        # wait on the core are released by it, as they would be had they
+        # arrived after the core was reported.
+        core = sorted(r for r in deadlocked
+                      if _on_cycle(graph, r, deadlocked) or any(p in self._gone for p in graph[r]))
+        for r in sorted(deadlocked - set(core)):
+            roots[r] = next(c for c in _reachable(graph, r, deadlocked) if c in core)
+            why[r] = "which is deadlocked"
+        if core:
+            headline = _deadlock_headline(graph, core, self._gone, all_wait=self._running == 0)
             error = DeadlockError(self.report(headline))
             if self.deadlock is None:
                 self.deadlock = error
-            for r in deadlocked:
+            for r in core:
                 self.recorded.append((r, error))
                 self._interrupt_locked(r, _copy_error(error))
-        for r, root in released.items():
-            error = PeerFailedError(
+        for r in sorted(why):
+            root = roots[r]
+            assert root is not None
+            released = PeerFailedError(
                 f"released: rank {r} ({self._describe_rank(r)}) waits in "
                 f"{slots[r].waiting_on.describe()}, which needs rank {root} "  # type: ignore[union-attr]
-                f"({self._describe_rank(root)}), which failed with {slots[root].failure}"
+                f"({self._describe_rank(root)}), {why[r]}"
             )
-            error.simdist_origin = root  # type: ignore[attr-defined]
-            self._interrupt_locked(r, error)
+            released.simdist_origin = root  # type: ignore[attr-defined]
+            self._interrupt_locked(r, released)
+        return False
 
     def _waiting_graph_from(self, start: int) -> dict[int, list[int]]:
         """The waiting ranks reachable from ``start`` through needed ranks."""
@@ -642,6 +670,27 @@ def _deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone:
     if not parts:
         parts.append("no pending call can complete, whatever the running ranks do")
     return f"deadlock of rank(s) {sorted(deadlocked)}: " + "; ".join(parts)
+
+
+def _reachable(graph: dict[int, list[int]], start: int, within: set[int]) -> list[int]:
+    """Ranks of ``within`` that ``start`` waits on, directly or not, nearest first."""
+    order: list[int] = []
+    seen: set[int] = set()
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for r in frontier:
+            for p in sorted(graph[r]):
+                if p in within and p not in seen:
+                    seen.add(p)
+                    order.append(p)
+                    nxt.append(p)
+        frontier = nxt
+    return order
+
+
+def _on_cycle(graph: dict[int, list[int]], r: int, within: set[int]) -> bool:
+    return r in _reachable(graph, r, within)
 
 
 def _find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
