@@ -68,9 +68,9 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 
 def _one(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     if len(tensors) != 1:
-        raise UnsupportedOperationError(
+        raise _refused(UnsupportedOperationError(
             f"{op}: simdist takes one tensor per rank per call, got {len(tensors)}"
-        )
+        ))
     return tensors[0]
 
 
@@ -141,13 +141,16 @@ class SimProcessGroup(dist.ProcessGroup):
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
-        return check_reduce_op(opts.reduceOp, dtype, op)
+        try:
+            return check_reduce_op(opts.reduceOp, dtype, op)
+        except UnsupportedOperationError as exc:
+            raise _refused(exc)
 
     # -- collectives ----------------------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         t = _one(tensors, "all_reduce")
-        red = check_reduce_op((opts or dist.AllreduceOptions()).reduceOp, t.dtype, "all_reduce")
+        red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         model, key = self._world.reduction, f"{self._info.name}/{self._seq}"
 
         def complete(calls: list[Call]) -> None:
@@ -162,7 +165,7 @@ class SimProcessGroup(dist.ProcessGroup):
         )
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
-        red = check_reduce_op(opts.reduceOp, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
+        red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         model, key = self._world.reduction, f"{self._info.name}/{self._seq}"
 
         def complete(calls: list[Call]) -> None:
@@ -457,10 +460,10 @@ class SimProcessGroup(dist.ProcessGroup):
         return SimWork(self._scheduler, self._global_rank, op, [t])
 
     def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> SimWork:
-        raise UnsupportedOperationError(
+        raise _refused(UnsupportedOperationError(
             "recv without src (any source) is not supported by simdist: its match would "
             "depend on thread timing; pass src="
-        )
+        ))
 
     def _peer(self, group_rank: int, op: str, arg: str) -> int:
         if not 0 <= group_rank < self.size():
@@ -472,13 +475,15 @@ class SimProcessGroup(dist.ProcessGroup):
     # -- things a simulated communicator does not have ------------------------------
 
     def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
-        raise UnsupportedOperationError("all_gather_coalesced (deprecated in torch) is not supported by simdist")
+        raise _refused(UnsupportedOperationError(
+            "all_gather_coalesced (deprecated in torch) is not supported by simdist"))
 
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
-        raise UnsupportedOperationError("monitored_barrier is not supported by simdist; use barrier()")
+        raise _refused(UnsupportedOperationError(
+            "monitored_barrier is not supported by simdist; use barrier()"))
 
     def _start_coalescing(self, device: Any) -> None:
-        raise UnsupportedOperationError("coalescing managers are not supported by simdist")
+        raise _refused(UnsupportedOperationError("coalescing managers are not supported by simdist"))
 
 
 def _same_dtype(op: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
@@ -586,6 +591,16 @@ class WorldHooks:
 # -- registration with c10d ---------------------------------------------------------
 
 _current = threading.local()
+
+
+def _refused(error: BaseException) -> BaseException:
+    """Note a call simdist cannot model at world level, so that a body that
+    catches the error (and falls back) still fails the run: its results would
+    not be what a real backend gives."""
+    world = getattr(_current, "world", None)
+    if world is not None:
+        world.scheduler.record(_current.rank, error)
+    return error
 
 
 def current_world() -> tuple["WorldHooks", int]:

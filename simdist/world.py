@@ -77,11 +77,13 @@ class World:
                 info = GroupInfo(name, ranks, label)
                 self._groups[name] = info
             elif info.ranks != ranks:
-                raise CollectiveMismatchError(
+                error = CollectiveMismatchError(
                     f"rank {rank} created group {name!r} with ranks {list(ranks)}, but a peer "
                     f"created it with ranks {list(info.ranks)}: every member must call "
                     f"new_group with the same ranks, in the same order"
                 )
+                self.scheduler.record(rank, error)
+                raise error
             return info
 
     def label_group(self, name: str, label: str) -> None:
@@ -107,8 +109,10 @@ class World:
                     where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
                     self._apply(fault, where, group, call.op, call.payload, call, call.rank)
             self._raise_if_group_aborted(group)
-        except BaseException:
+        except BaseException as exc:
             Recorder.finish(call.record, failed=True)
+            if isinstance(exc, SimulationError):  # an injected crash, a refused corruption
+                self.scheduler.record(call.rank, exc)
             raise
 
     def before_p2p(self, op: P2POp) -> None:
@@ -121,17 +125,17 @@ class World:
                 payload = {"t": op.tensor} if op.kind == "send" else {}
                 self._apply(fault, where, op.group, op.kind, payload, None, me)
             self._raise_if_group_aborted(op.group)
-        except BaseException:
+        except BaseException as exc:
             Recorder.finish(op.record, failed=True)
+            if isinstance(exc, SimulationError):
+                self.scheduler.record(me, exc)
             raise
 
     def _apply(self, fault: Fault, where: str, group: GroupInfo, op: str,
                payload: dict[str, Any], call: Call | None, rank: int) -> None:
         kind = fault.kind
         if kind == "crash":
-            crash = InjectedFault(f"injected crash at {where}")
-            self.scheduler.record(rank, crash)
-            raise crash
+            raise InjectedFault(f"injected crash at {where}")
         if kind == "delay":
             self.scheduler.sleep(fault.seconds)
         elif kind == "corrupt":

@@ -176,6 +176,28 @@ def test_a_caught_injected_crash_still_fails_the_run(clean_world: None) -> None:
         assert f"rank {rank} (rank {rank} of 2) caught InjectedFault and went on" in str(err)
 
 
+def fallback_body(ctx: simdist.RankContext) -> str:
+    t = torch.zeros(1)
+    if ctx.rank == 0:
+        dist.send(torch.ones(1), dst=1)
+        return "sent"
+    try:
+        dist.recv(t)  # any source: simdist cannot model it
+    except simdist.UnsupportedOperationError:
+        dist.recv(t, src=0)  # the "fallback"
+    return "received"
+
+
+def test_a_caught_unsupported_operation_still_fails_the_run(clean_world: None) -> None:
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(fallback_body, world_size=2, timeout=TIMEOUT)
+    err = info.value
+    assert sorted(err.failures) == [1]
+    assert isinstance(err.__cause__, simdist.UnsupportedOperationError)
+    assert "rank 1 (rank 1 of 2) caught UnsupportedOperationError and went on" in str(err)
+    assert "any source" in str(err)
+
+
 def wrapped_release_body(ctx: simdist.RankContext) -> None:
     if ctx.rank == 0:
         raise KeyError("rank 0 breaks")
