@@ -239,10 +239,11 @@ def run(
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
     Returns the per-rank results, indexed by global rank. Raises ``RankError``
-    when a rank raised (``__cause__`` is the first failure), ``DeadlockError``
-    when no pending call could ever complete, ``CollectiveMismatchError`` when
-    members of a group called different collectives, ``SimulationTimeout`` when
-    ranks were still running after ``timeout`` seconds.
+    when a rank raised (``__cause__`` is the lowest failed rank's error),
+    ``DeadlockError`` when some waiting ranks could never complete,
+    ``CollectiveMismatchError`` when members of a group called different
+    collectives (both even if every rank caught them), ``SimulationTimeout``
+    when ranks were still running after ``timeout`` seconds.
 
     ``reduction`` picks the reduction-order model ("rank", "ring", "tree",
     "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
@@ -372,7 +373,8 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     report = "\n".join(lines)
     still = _interrupt(alive, world, SimulationTimeout(report))
     if still:
-        report += f"\n  could not interrupt {still} (blocked in native code); they are daemon threads"
+        report += (f"\n  could not interrupt {still} within {_GRACE_S:g} s (blocked in native code, "
+                   f"or catching the interrupt); they are left running as daemon threads")
     return report
 
 
