@@ -498,6 +498,8 @@ class Scheduler:
             if defer and not any(p in self._gone for p in needed):
                 return True
             graph = self._waiting_graph_from(trigger)
+        elif self.world_size - self._running - len(self._gone) == 0:
+            return False  # nobody waits
         else:
             graph = {
                 r: list(s.waiting_on.needed_ranks())  # type: ignore[union-attr]

@@ -20,8 +20,10 @@ import torch.distributed as dist
 
 import collective_reference as ref
 import simdist
+from world_checks import clean_world  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
+              pytest.mark.usefixtures("clean_world")]
 
 TIMEOUT = 30.0
 K = 3

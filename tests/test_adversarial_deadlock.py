@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -22,24 +22,9 @@ import torch.distributed as dist
 
 import simdist
 from simdist import FaultPlan, Layout
+from world_checks import clean_world  # noqa: F401 (a fixture)
 
 TIMEOUT = 30.0
-
-
-def sum_ranks(ctx: simdist.RankContext) -> float:
-    t = torch.tensor([float(ctx.rank)])
-    dist.all_reduce(t)
-    return t.item()
-
-
-@pytest.fixture
-def clean_world() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-    assert left == [], f"threads left running after the run: {left}"
-    assert not dist.is_initialized()
-    assert simdist.run(sum_ranks, world_size=3, timeout=TIMEOUT) == [3.0, 3.0, 3.0]
 
 
 # --- a partial deadlock while other ranks keep working ------------------------------------

@@ -17,9 +17,11 @@ import torch
 import torch.distributed as dist
 
 import simdist
+from world_checks import clean_world  # noqa: F401 (a fixture)
 from simdist import Fault, FaultPlan, Layout
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
+              pytest.mark.usefixtures("clean_world")]
 
 TIMEOUT = 30.0
 TP_DP = Layout(tp=2, dp=2)
