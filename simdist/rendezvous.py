@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import DeadlockError, PeerFailedError, SimulationError
 from . import stacks
+from .waitfor import cannot_complete, deadlock_headline, on_cycle, reachable
 
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
 # explicit; this only bounds a lost wake-up.
@@ -505,7 +506,7 @@ class Scheduler:
                 r: list(s.waiting_on.needed_ranks())  # type: ignore[union-attr]
                 for r, s in enumerate(slots) if s.state is RankState.WAITING
             }
-        stuck = _cannot_complete(graph, lambda r: slots[r].state is RankState.RUNNING)
+        stuck = cannot_complete(graph, lambda r: slots[r].state is RankState.RUNNING)
         if not stuck:
             return False
         roots = self._failed_roots(graph, stuck)
@@ -516,12 +517,12 @@ class Scheduler:
         # wait on the core are released by it, as they would be had they
         # arrived after the core was reported.
         core = sorted(r for r in deadlocked
-                      if _on_cycle(graph, r, deadlocked) or any(p in self._gone for p in graph[r]))
+                      if on_cycle(graph, r, deadlocked) or any(p in self._gone for p in graph[r]))
         for r in sorted(deadlocked - set(core)):
-            roots[r] = next(c for c in _reachable(graph, r, deadlocked) if c in core)
+            roots[r] = next(c for c in reachable(graph, r, deadlocked) if c in core)
             why[r] = "which is deadlocked"
         if core:
-            headline = _deadlock_headline(graph, core, self._gone, all_wait=self._running == 0)
+            headline = deadlock_headline(graph, core, self._gone, all_wait=self._running == 0)
             error = DeadlockError(self.report(headline))
             if self.deadlock is None:
                 self.deadlock = error
@@ -630,86 +631,6 @@ class Scheduler:
         if not items:
             return None
         return "calls that were issued but never completed:\n" + "\n".join(items)
-
-
-def _cannot_complete(graph: dict[int, list[int]], running: Callable[[int], bool]) -> set[int]:
-    """The waiting ranks (keys of ``graph``, each mapped to the ranks it needs)
-    that can never complete: the complement of the least fixed point of
-    "every rank it needs runs or can complete"."""
-    blockers = {r: 0 for r in graph}
-    dependents: dict[int, list[int]] = {}
-    ready = []
-    for r, needed in graph.items():
-        for p in needed:
-            if p in graph:
-                blockers[r] += 1
-                dependents.setdefault(p, []).append(r)
-            elif not running(p):
-                blockers[r] = -len(graph) - 1  # needs a rank that has left: never
-        if blockers[r] == 0:
-            ready.append(r)
-    can: set[int] = set()
-    while ready:
-        r = ready.pop()
-        can.add(r)
-        for d in dependents.get(r, ()):
-            blockers[d] -= 1
-            if blockers[d] == 0:
-                ready.append(d)
-    return set(graph) - can
-
-
-def _deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone: set[int],
-                       all_wait: bool) -> str:
-    """Name the cycle (or the departed peers) that makes ``deadlocked`` stuck."""
-    on_gone = sorted(r for r in deadlocked if any(p in gone for p in graph[r]))
-    parts = ["every live rank is waiting and no pending call can complete"] if all_wait else []
-    cycle = _find_cycle(graph, set(deadlocked))
-    if cycle:
-        parts.append("ranks wait for each other in a cycle: " + " -> ".join(map(str, cycle + cycle[:1])))
-    if on_gone:
-        parts.append(f"rank(s) {on_gone} wait on a peer that has already finished or failed")
-    if not parts:
-        parts.append("no pending call can complete, whatever the running ranks do")
-    return f"deadlock of rank(s) {sorted(deadlocked)}: " + "; ".join(parts)
-
-
-def _reachable(graph: dict[int, list[int]], start: int, within: set[int]) -> list[int]:
-    """Ranks of ``within`` that ``start`` waits on, directly or not, nearest first."""
-    order: list[int] = []
-    seen: set[int] = set()
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for r in frontier:
-            for p in sorted(graph[r]):
-                if p in within and p not in seen:
-                    seen.add(p)
-                    order.append(p)
-                    nxt.append(p)
-        frontier = nxt
-    return order
-
-
-def _on_cycle(graph: dict[int, list[int]], r: int, within: set[int]) -> bool:
-    return r in _reachable(graph, r, within)
-
-
-def _find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
-    """One cycle of the wait-for graph inside ``within`` (lowest rank first), or []."""
-    for start in sorted(within):
-        path: list[int] = []
-        index: dict[int, int] = {}
-        r: int | None = start
-        while r is not None and r not in index:
-            index[r] = len(path)
-            path.append(r)
-            r = next((p for p in sorted(graph[r]) if p in within), None)
-        if r is not None:
-            cycle = path[index[r]:]
-            low = cycle.index(min(cycle))
-            return cycle[low:] + cycle[:low]
-    return []
 
 
 def _copy_error(error: BaseException) -> BaseException:

@@ -251,3 +251,21 @@ def test_a_trace_that_cannot_be_written_never_hides_the_outcome(clean_world: Non
                     trace=folder / "t.json", args=(str(folder),))
     assert "the trace could not be written" in str(info.value)
     assert not os.path.exists(folder)
+
+
+# --- the wait-for graph, without threads ------------------------------------------------------
+
+def test_the_wait_for_graph_finds_exactly_the_closed_sets() -> None:
+    from simdist.waitfor import cannot_complete, find_cycle
+
+    running = {5}.__contains__  # rank 5 runs; 6 has left; every key waits
+    graph = {
+        0: [1], 1: [0],  # a cycle
+        2: [0],  # waits on the cycle
+        3: [5], 4: [3],  # a chain that ends at a running rank
+        7: [6],  # waits on a rank that has left
+        8: [5, 1],  # needs a running rank and a stuck one: stuck
+    }
+    assert cannot_complete(graph, running) == {0, 1, 2, 7, 8}
+    assert find_cycle(graph, {0, 1, 2, 7, 8}) == [0, 1]
+    assert find_cycle(graph, {2, 7, 8}) == []
