@@ -58,6 +58,9 @@ class Fault:
                 raise ValueError(f"fault coordinates must be axis=index with axis in {AXES}, got {axis}={index!r}")
         if self.op is not None and self.op not in OPS:
             raise ValueError(f"fault op must be one of {OPS} (or None for any op), got {self.op!r}")
+        if self.kind == "corrupt" and self.op in ("barrier", "recv"):
+            raise ValueError(f"a corrupt fault needs a call that sends data; {self.op!r} sends none "
+                             f"(corrupt the matching send instead)")
         if self.group is not None and self.group not in _GROUP_AXES:
             raise ValueError(f"fault group must be one of {_GROUP_AXES}, got {self.group!r}")
         if not isinstance(self.nth, int) or self.nth < 1:

@@ -34,6 +34,7 @@ _POLL_S = 0.5
 # collective completes), and the graph walk would cost more than the handoff.
 # Exactness is unaffected: a closed set never opens again.
 _SETTLE_AFTER_S = 0.02
+_MAX_RECORDED = 1000
 
 
 class RankState(enum.Enum):
@@ -261,6 +262,12 @@ class Scheduler:
     def record(self, rank: int, error: BaseException) -> None:
         """Note a simdist error raised inside ``rank`` (it may be caught there)."""
         with self._lock:
+            self._record_locked(rank, error)
+
+    def _record_locked(self, rank: int, error: BaseException) -> None:
+        # Only the first errors matter to the outcome; a body that catches and
+        # retries forever must not grow this without bound.
+        if len(self.recorded) < _MAX_RECORDED:
             self.recorded.append((rank, error))
 
     def abort(self, error: BaseException) -> None:
@@ -345,7 +352,8 @@ class Scheduler:
             error = exc
         with self._lock:
             if isinstance(error, SimulationError):
-                self.recorded.extend((r, error) for r in group.ranks)
+                for r in group.ranks:
+                    self._record_locked(r, error)
             pending.error = error
             pending.done = True
             self._on_done(pending)
@@ -378,7 +386,8 @@ class Scheduler:
             except BaseException as exc:
                 send.error = recv.error = exc
                 if isinstance(exc, SimulationError):
-                    self.recorded += [(send.src, exc), (recv.dst, exc)]
+                    self._record_locked(send.src, exc)
+                    self._record_locked(recv.dst, exc)
             send.done = recv.done = True
             self._on_done(send)
             self._on_done(recv)
@@ -527,7 +536,7 @@ class Scheduler:
             if self.deadlock is None:
                 self.deadlock = error
             for r in core:
-                self.recorded.append((r, error))
+                self._record_locked(r, error)
                 self._interrupt_locked(r, _copy_error(error))
         for r in sorted(why):
             root = roots[r]

@@ -73,6 +73,13 @@ def test_unknown_fault_names_are_refused_with_the_valid_list(kwargs: dict[str, s
         FaultPlan.random(1, TP_DP, ops=("allreduce",))
 
 
+def test_a_corruption_that_could_never_act_is_refused() -> None:
+    with pytest.raises(ValueError, match="'recv' sends none"):
+        FaultPlan.corrupt(rank=0, op="recv")
+    with pytest.raises(ValueError, match="'barrier' sends none"):
+        FaultPlan.corrupt(rank=0, op="barrier")
+
+
 # --- seeded plans reproduce ---------------------------------------------------------------
 
 def tp_dp_loop(ctx: simdist.RankContext) -> list[list[float]]:
