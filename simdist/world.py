@@ -26,7 +26,6 @@ from .context import RankContext, build_groups
 from .errors import (
     CollectiveMismatchError,
     DeadlockError,
-    PeerFailedError,
     RankError,
     SimulationError,
     SimulationTimeout,
@@ -402,47 +401,48 @@ def _outcome(world: World, results: list[Any], failures: dict[int, BaseException
     """What ``run`` returns or raises, decided from what happened, not from
     which thread got somewhere first. In order: a deadlock, a collective
     mismatch (both even when every rank caught them), the watchdog, rank
-    failures (the lowest failed rank is the cause), calls left incomplete."""
+    failures (the lowest failed rank is the cause), calls left incomplete.
+    Every error carries ``results``: what each rank returned (None if it raised)."""
     sched = world.scheduler
     note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
     tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
     watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
+
+    def fail(error: SimulationError, cause: BaseException | None = None) -> None:
+        if not isinstance(error, RankError):
+            error.failures = failures  # type: ignore[attr-defined]
+        error.results = results  # type: ignore[attr-defined]
+        raise error from cause
+
     if sched.deadlock is not None:
-        err = DeadlockError(f"{sched.deadlock}{watchdog}\n{tail}{note}")
-        err.failures, err.results = failures, results  # type: ignore[attr-defined]
-        raise err from sched.deadlock
+        fail(DeadlockError(f"{sched.deadlock}{watchdog}\n{tail}{note}"), sched.deadlock)
     mismatch = next((e for _, e in sched.recorded if isinstance(e, CollectiveMismatchError)), None)
     if mismatch is not None:
-        err2 = CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail}{note}")
-        err2.failures, err2.results = failures, results  # type: ignore[attr-defined]
-        raise err2 from mismatch
+        fail(CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail}{note}"), mismatch)
     if timed_out is not None:
-        raise SimulationTimeout(f"{timed_out}\n{tail}{note}")
+        fail(SimulationTimeout(f"{timed_out}\n{tail}{note}"))
     own = {r: e for r, e in failures.items() if r not in sched.released}
-    caught = {}
+    caught: dict[int, BaseException] = {}
     for r, e in sched.recorded:  # simdist errors a rank caught and went on from
         if r not in failures and r not in caught:
             caught[r] = e
     if own or caught:
-        lines = [
-            f"rank {r} ({world.describe_rank(r)}) failed: {type(e).__name__}: {e}"
-            for r, e in sorted(own.items())
-        ]
-        lines += [
-            f"rank {r} ({world.describe_rank(r)}) caught {type(e).__name__} and went on "
-            f"(a failure all the same): {e}"
-            for r, e in sorted(caught.items())
-        ]
+        lines = []
+        for r in sorted({**own, **caught}):
+            if r in own:
+                lines.append(f"rank {r} ({world.describe_rank(r)}) failed: {type(own[r]).__name__}: {own[r]}")
+            else:
+                lines.append(f"rank {r} ({world.describe_rank(r)}) caught {type(caught[r]).__name__} and "
+                             f"went on (a failure all the same): {caught[r]}")
         released = sorted(sched.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")
         lines.append(tail + note)
         everything = {**caught, **own}
-        first = everything[min(everything)]
-        raise RankError("\n".join(lines), everything, released) from first
+        fail(RankError("\n".join(lines), everything, released), everything[min(everything)])
     if failures:  # only released ranks: cannot happen, but never return silently
-        raise RankError(f"rank(s) {sorted(failures)} failed\n{tail}{note}", failures)
+        fail(RankError(f"rank(s) {sorted(failures)} failed\n{tail}{note}", failures))
     leftovers = sched.leftovers()
     if leftovers is not None:
-        raise DeadlockError(f"every rank returned, but {leftovers}\n{tail}{note}")
+        fail(DeadlockError(f"every rank returned, but {leftovers}\n{tail}{note}"))
     return results
