@@ -1,4 +1,4 @@
-# Two entry points (see README): `make demo` and `make test`.
+# Entry points (see README): `make fuzz` (the main job), `make test`, and `make demo`.
 # Each creates .venv on first use and installs what it needs.
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,11 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+# The README's short campaign; nightly CI runs longer ones (.github/workflows/nightly.yml).
+FUZZ_BUDGET ?= 60
+FUZZ_WORKERS ?= 2
+
+.PHONY: demo fuzz test venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +25,9 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/simdist demo
+
+fuzz: $(STAMP)
+	$(VENV)/bin/simdist fuzz --budget $(FUZZ_BUDGET) --workers $(FUZZ_WORKERS) $(FUZZ_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)

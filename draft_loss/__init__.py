@@ -5,6 +5,7 @@ unmodified on simulated and real process groups.
 """
 
 from draft_loss.align import align_for_draft
+from draft_loss.context_parallel import load_balanced_positions, padded_length, shard_sequence, shift_left
 from draft_loss.cotrain import (
     CotrainBatch,
     CotrainConfig,
@@ -14,6 +15,7 @@ from draft_loss.cotrain import (
     StepResult,
     full_initial_parameters,
     parameter_layout,
+    shard_batch_for_cp,
 )
 from draft_loss.grads import (
     GROUPS,
@@ -52,10 +54,15 @@ __all__ = [
     "full_initial_parameters",
     "group_grad_norms",
     "is_tensor_parallel",
+    "load_balanced_positions",
+    "padded_length",
     "parameter_group",
     "parameter_layout",
     "projected_soft_cross_entropy",
     "scale_gradients",
+    "shard_batch_for_cp",
+    "shard_sequence",
+    "shift_left",
     "soft_cross_entropy",
     "tag_parameter",
     "zero_main_grads",

@@ -43,6 +43,15 @@ _ERROR_CODES: dict[type, int] = {ValueError: 1, TypeError: 2}
 
 Header = tuple[tuple[str, int], ...]
 
+# A header field whose disagreement has its own explanation (a backward collective).
+GRADIENTS_FIELD = "whether gradients flow (an input requires grad, grad mode on)"
+_FIELD_REASONS = {
+    GRADIENTS_FIELD: (
+        "its backward all-reduces over the TP group, so a rank without a backward would leave the others "
+        "waiting there; every TP rank must need gradients (inputs that require grad, grad mode on) or none"
+    ),
+}
+
 # The first header field of every loss: which loss this rank is computing.
 FUNCTION_FIELD = "function"
 FUNCTION_NAMES = {1: "soft_cross_entropy", 2: "projected_soft_cross_entropy"}
@@ -326,11 +335,12 @@ def _decide(rows: list[list[int]], what: str, names: list[str]) -> Exception | N
                 field = "number of header fields"
             else:
                 field = names[slot - 2] if slot - 2 < len(names) else f"header field {slot - 2}"
-            return ValueError(
-                f"{what}: TP ranks disagree on {field}: {_per_rank(field, values)}; every rank of a "
-                f"tensor-parallel group must pass the same token layout, chunk size, dtypes, "
-                f"mask, bin_ids and weights (only the vocabulary shard differs)"
+            reason = _FIELD_REASONS.get(
+                field,
+                "every rank of a tensor-parallel group must pass the same token layout, chunk size, dtypes, "
+                "mask, bin_ids and weights (only the vocabulary shard differs)",
             )
+            return ValueError(f"{what}: TP ranks disagree on {field}: {_per_rank(field, values)}; {reason}")
     return None
 
 
@@ -340,6 +350,8 @@ def _per_rank(field: str, values: list[int]) -> str:
         for rank, value in enumerate(values):
             groups.setdefault(value, []).append(rank)
         return "values differ between TP ranks " + " vs ".join(str(ranks) for ranks in groups.values())
+    if field.startswith("whether"):
+        return ", ".join(f"rank {r}: {'yes' if v else 'no'}" for r, v in enumerate(values))
     if "dtype" in field:
         return ", ".join(f"rank {r}: {_CODE_DTYPES.get(v, v)}" for r, v in enumerate(values))
     return ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))

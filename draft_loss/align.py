@@ -6,29 +6,37 @@ token mask move left by one along the sequence; the vacated last slot is
 zeroed (zero logits, zero mask), hence the draft token count is
 ``token_mask[:, 1:].sum()``, the policy's own shifted-token count.
 
-The sequence dimension is dim 1 and must be whole on this rank: with context
-parallelism the shift would cross shard boundaries, which this function does
-not model.
+The sequence dimension is dim 1. Under context parallelism pass ``cp_group``
+and this rank's load-balanced shard (``context_parallel.shard_sequence``): the
+result is the unsharded alignment, sliced to this rank, the chunk boundaries'
+rows coming from the neighbouring CP ranks.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from . import _validation as v
+from .context_parallel import shift_left
 
 _WHAT = "align_for_draft"
 
 
-def align_for_draft(teacher_logits: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def align_for_draft(
+    teacher_logits: torch.Tensor, token_mask: torch.Tensor, *, cp_group: dist.ProcessGroup | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(teacher, mask)`` shifted left by one position along dim 1.
 
     Args:
         teacher_logits: ``[batch, seq, V_local]`` policy logits (detached in the result).
         token_mask: ``[batch, seq]`` bool, integer or float mask.
+        cp_group: the context-parallel group the sequence is sharded over, or
+            None. Every CP rank must call with the same shapes and dtypes.
 
     Returns new tensors of the inputs' dtypes: ``teacher[:, t] = teacher_logits[:, t + 1]``
-    and ``mask[:, t] = token_mask[:, t + 1]`` for ``t < seq - 1``; zeros at ``t = seq - 1``.
+    and ``mask[:, t] = token_mask[:, t + 1]`` for ``t < seq - 1``; zeros at ``t = seq - 1``
+    (t counts positions of the unsharded, padded sequence under CP).
     """
     teacher = v.check_floating("teacher_logits", teacher_logits, _WHAT)
     if not isinstance(token_mask, torch.Tensor):
@@ -42,10 +50,5 @@ def align_for_draft(teacher_logits: torch.Tensor, token_mask: torch.Tensor) -> t
             f"{_WHAT}: token_mask must be [batch, seq] = {tuple(teacher.shape[:2])}, got {tuple(token_mask.shape)}"
         )
     v.check_same_device("token_mask", token_mask, teacher.device, "teacher_logits", _WHAT)
-    return _shift_left(teacher.detach()), _shift_left(token_mask.detach())
-
-
-def _shift_left(values: torch.Tensor) -> torch.Tensor:
-    shifted = torch.zeros_like(values)
-    shifted[:, :-1] = values[:, 1:]
-    return shifted
+    shifted_teacher, shifted_mask = shift_left(teacher.detach(), token_mask.detach(), cp_group=cp_group)
+    return shifted_teacher, shifted_mask

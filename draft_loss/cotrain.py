@@ -23,7 +23,18 @@ Two ways to run one step over a rank's batch, which must agree:
   ``correct_main_grads`` by ``n/d``.
 
 Then, in both: per-group grad norms, clipping, a transactional SGD step.
-Context parallelism is not modelled: cp > 1 raises ``NotImplementedError``.
+
+Context parallelism: each rank's batch is its CP shard (``shard_batch_for_cp``:
+Megatron's load-balanced chunks r and 2cp-1-r, padded with masked-out tokens
+when the length does not divide by 2cp). The model is per token, so CP only
+touches the one-token look-ahead (the policy's label, the draft's token t+1
+embedding input, its teacher logits, mask and bin at t+1), whose boundary rows
+come from the neighbouring CP ranks (``context_parallel.shift_left``), and the
+reductions: counts, numerators and gradients are summed over DP x CP
+(``ParallelGroups.dp_cp``). Parameters are replicated over CP, and every
+token's loss is divided by the DP x CP-global count, so the gradient SUM over
+DP x CP is already the whole batch's gradient: the draft correction stays
+``n / d`` with no CP factor, and grad norms are not reduced over CP.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from . import grads as _grads
 from ._sgd import MomentumSGD
 from ._tp_layers import copy_to_tp, reduce_from_tp, vocab_parallel_cross_entropy
 from .align import align_for_draft
+from .context_parallel import shard_sequence, shift_left
 from .grads import accumulate_main_grads, clip_by_group_norms, scale_gradients, tag_parameter, zero_main_grads
 from .soft_ce import soft_cross_entropy
 from .stats import DraftLossStats
@@ -53,6 +65,7 @@ __all__ = [
     "StepAbortedError",
     "full_initial_parameters",
     "parameter_layout",
+    "shard_batch_for_cp",
     "METRIC_NAMES",
 ]
 
@@ -98,7 +111,8 @@ class CotrainConfig:
 
 @dataclass(frozen=True)
 class CotrainBatch:
-    """One DP replica's batch. ``bin_ids[:, t]`` is the bin of the token at t
+    """One DP replica's batch (under CP: this rank's CP shard of it, see
+    ``shard_batch_for_cp``). ``bin_ids[:, t]`` is the bin of the token at t
     (the draft position t-1, which predicts it, is counted in that bin)."""
 
     tokens: torch.Tensor  # [B, S] int64
@@ -108,12 +122,32 @@ class CotrainBatch:
 
 @dataclass(frozen=True)
 class ParallelGroups:
-    """Process groups of this rank; None means the axis is absent (size 1)."""
+    """Process groups of this rank; None means the axis is absent (size 1).
+
+    ``dp_cp`` is the group of the DP and CP ranks holding one TP/PP shard of
+    the model (Megatron's data-parallel group with context parallelism); it is
+    needed only when both dp and cp have more than one rank (otherwise it is
+    the one that has).
+    """
 
     tp: dist.ProcessGroup | None = None
     cp: dist.ProcessGroup | None = None
     dp: dist.ProcessGroup | None = None
     pp: dist.ProcessGroup | None = None
+    dp_cp: dist.ProcessGroup | None = None
+
+    def data_parallel(self) -> dist.ProcessGroup | None:
+        """The group counts and gradients are summed over: DP x CP."""
+        if self.dp_cp is not None:
+            return self.dp_cp
+        if self.cp is None:
+            return self.dp
+        if self.dp is None:
+            return self.cp
+        raise ValueError(
+            f"ParallelGroups: dp ({self.size('dp')} ranks) and cp ({self.size('cp')} ranks) are both "
+            "present, so the dp_cp group (their product) must be given too"
+        )
 
     def rank(self, axis: str) -> int:
         group = getattr(self, axis)
@@ -183,6 +217,17 @@ def full_initial_parameters(config: CotrainConfig) -> dict[str, torch.Tensor]:
     }
 
 
+def shard_batch_for_cp(batch: CotrainBatch, cp_rank: int, cp_size: int) -> CotrainBatch:
+    """CP rank ``cp_rank``'s load-balanced shard of a DP replica's batch.
+
+    The sequence is cut into ``2 * cp_size`` chunks, the rank keeps chunks
+    ``cp_rank`` and ``2 * cp_size - 1 - cp_rank``. A length that does not divide
+    is padded at the end with token 0, mask 0, bin 0: padding never trains and
+    never counts, so the step equals that of the unpadded batch.
+    """
+    return CotrainBatch(*(shard_sequence(t, cp_rank, cp_size) for t in (batch.tokens, batch.mask, batch.bin_ids)))
+
+
 def layers_of_stage(num_layers: int, stage: int, num_stages: int) -> range:
     """Contiguous layers of one PP stage; earlier stages take the remainder."""
     base, extra = divmod(num_layers, num_stages)
@@ -202,6 +247,13 @@ class CotrainWorker:
 
     def __init__(self, config: CotrainConfig, groups: ParallelGroups) -> None:
         self.config = config
+        data_size = groups.size("dp") * groups.size("cp")
+        data_group = groups.data_parallel()
+        if (1 if data_group is None else dist.get_world_size(data_group)) != data_size:
+            raise ValueError(
+                f"CotrainWorker: the dp_cp group must have dp x cp = {groups.size('dp')} x {groups.size('cp')} "
+                f"= {data_size} ranks, got {dist.get_world_size(data_group) if data_group is not None else 1}"
+            )
         self.bind(groups)
         tp_size, tp_rank = groups.size("tp"), groups.rank("tp")
         for name, size in (("vocab_size", config.vocab_size), ("ffn_size", config.ffn_size)):
@@ -257,14 +309,6 @@ class CotrainWorker:
         reset, gradients are dropped, parameters keep their values, and the
         exception propagates.
         """
-        if self.groups.size("cp") > 1:
-            # Same check, same place, for both modes; before any collective, so
-            # every rank raises together.
-            raise NotImplementedError(
-                f"CotrainWorker.train_step: context parallelism is not supported (cp group of "
-                f"{self.groups.size('cp')} ranks); the draft alignment shifts tokens across CP shards, "
-                "which this reference step does not model. Use cp=1."
-            )
         try:
             self._validate(batch, mode, num_microbatches)
             if mode == "monolithic":
@@ -287,9 +331,16 @@ class CotrainWorker:
     def _validate(self, batch: CotrainBatch, mode: str, num_microbatches: int) -> None:
         problem: Exception | None = None
         try:
-            _check_arguments(batch, mode, num_microbatches, self.config)
+            _check_arguments(batch, mode, num_microbatches, self.config, self.groups.size("cp"))
         except (TypeError, ValueError) as error:
             problem = error
+        if self.groups.cp is not None:
+            # The boundary exchange's messages are sized by the batch and run
+            # once per microbatch: CP ranks must agree on both, or a peer would
+            # wait for a message of another size (a hang on NCCL).
+            mismatch = self._cp_disagreement(batch if problem is None else None, mode, num_microbatches)
+            if problem is None and mismatch is not None:
+                problem = ValueError(mismatch)
         # Ranks agree before any other collective, so a bad batch on one rank
         # fails every rank instead of leaving peers waiting.
         everyone_ok = self._agree(problem is None)
@@ -307,8 +358,8 @@ class CotrainWorker:
         params = list(self.params.values())
         zero_main_grads(params)
         _call(probe, "monolithic:before_count_reduction")
-        counts = torch.cat([_policy_count(batch).reshape(1), self._draft_counts(batch)])
-        self._all_reduce_dp(counts)
+        counts = torch.cat([self._policy_count(batch).reshape(1), self._draft_counts(batch)])
+        self._all_reduce_counts(counts)
         policy_count, draft_counts = float(counts[0]), counts[1:]
         _call(probe, "monolithic:after_count_reduction")
 
@@ -324,7 +375,7 @@ class CotrainWorker:
             assert sums is not None
             policy_sum, stats = sums
             numerators = torch.cat([policy_sum.detach().double().reshape(1), stats.numerators.detach().double()])
-            self._all_reduce_dp(numerators)
+            self._all_reduce_counts(numerators)
             metrics = _metrics(
                 policy_sum=float(numerators[0]), policy_count=policy_count,
                 numerators=numerators[1:], counts=draft_counts, weights=self.bin_weights.double(),
@@ -356,13 +407,13 @@ class CotrainWorker:
             _call(probe, f"split:microbatch:{k}:accumulated")
 
         _call(probe, "split:before_count_reduction")
-        # The one DP collective of the step's counts: the policy's count and
+        # The one DP x CP collective of the step's counts: the policy's count and
         # loss sum, with the draft state's counts and numerators riding along.
         payload = torch.cat([
-            torch.tensor([float(_policy_count(batch)), policy_sum_local], dtype=torch.float64),
+            torch.tensor([float(self._policy_count(batch)), policy_sum_local], dtype=torch.float64),
             state.contribute_counts(),
         ])
-        self._all_reduce_dp(payload)
+        self._all_reduce_counts(payload)
         _call(probe, "split:after_count_reduction")
         policy_count, policy_sum = float(payload[0]), float(payload[1])
         state.record_global_counts(payload[2:])
@@ -440,13 +491,51 @@ class CotrainWorker:
         return {name: value for name, value in pairs if value is not None}
 
     def _agree(self, ok: bool) -> bool:
-        """True on every rank iff ``ok`` on every rank (MIN over TP, then PP, then DP: the world when cp is 1)."""
+        """True on every rank iff ``ok`` on every rank (MIN over TP, then PP, then DP x CP: the world)."""
         flag = torch.tensor([1.0 if ok else 0.0])
-        for axis in ("tp", "pp", "dp"):
-            group = getattr(self.groups, axis)
+        for group in (self.groups.tp, self.groups.pp, self.groups.data_parallel()):
             if group is not None:
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         return bool(flag.item() > 0)
+
+    def _cp_disagreement(self, batch: CotrainBatch | None, mode: str, num_microbatches: int) -> str | None:
+        """A message if the CP ranks' batch shapes, modes or microbatch counts differ (same on each CP rank).
+
+        One MIN all-reduce of each value and its negation gives every CP rank
+        the group's minimum and maximum; a rank whose arguments already failed
+        (``batch`` None) contributes values that change neither.
+        """
+        names = ("batch rows", "local sequence length", "mode", "num_microbatches", "mask dtype")
+        if batch is None:
+            values = [math.inf] * (2 * len(names))
+        else:
+            mine = [
+                *batch.tokens.shape, float(mode == "split"), float(num_microbatches),
+                float(_MASK_DTYPES.index(batch.mask.dtype)),
+            ]
+            values = mine + [-x for x in mine]
+        table = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(table, op=dist.ReduceOp.MIN, group=self.groups.cp)
+        low, high = table[: len(names)].tolist(), [-x for x in table[len(names):].tolist()]
+
+        def shown(name: str, value: float) -> str:
+            if name == "mode":
+                return ("monolithic", "split")[int(value)]
+            return str(_MASK_DTYPES[int(value)]) if name == "mask dtype" else f"{value:g}"
+
+        differing = [
+            f"{name} from {shown(name, lo)} to {shown(name, hi)}"
+            for name, lo, hi in zip(names, low, high) if lo != hi and math.isfinite(lo)  # inf: every rank failed
+        ]
+        if not differing:
+            return None
+        # The boundary rows travel as raw bytes: a peer's mask of another dtype
+        # would be read back as garbage, not refused.
+        return (
+            f"CotrainWorker.train_step: the CP ranks of one sequence shard disagree on {', '.join(differing)}; "
+            "every CP rank must pass its shard of the same batch "
+            "(shard_batch_for_cp) with the same mode and num_microbatches"
+        )
 
     # --------------------------------------------------------- forward/back
 
@@ -499,20 +588,29 @@ class CotrainWorker:
     def _losses(self, batch: CotrainBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, DraftLossStats]:
         p, tp = self.params, self.groups.tp
         logits = copy_to_tp(hidden, tp) @ p["output.weight"].T  # [B, S, V_local]
-        labels = _shift_left(batch.tokens)
-        shifted_mask = _shift_left(batch.mask).to(torch.float32)
+        # The token at t+1 (policy label, draft input), its mask and bin, with
+        # their boundary rows from the CP neighbours.
+        cp = self.groups.cp
+        labels, next_mask, next_bins = shift_left(batch.tokens, batch.mask, batch.bin_ids, cp_group=cp)
+        shifted_mask = next_mask.to(torch.float32)
         ce = vocab_parallel_cross_entropy(logits, labels, vocab_start=self.vocab_start, group=tp)
         policy_sum = (ce * shifted_mask).sum()
         # Draft position t: hidden state at t (detached: the draft does not
-        # train the policy) and the draft's embedding of token t+1.
-        teacher, draft_mask = align_for_draft(logits.detach(), batch.mask)
+        # train the policy) and the draft's embedding of token t+1, looked up
+        # here from the token id, so its gradient lands in this rank's replica.
+        # (Without CP the call keeps its two-argument form, which the fuzz
+        # catalogue's alignment mutants replace.)
+        if cp is None:
+            teacher, draft_mask = align_for_draft(logits.detach(), batch.mask)
+        else:
+            teacher, draft_mask = align_for_draft(logits.detach(), batch.mask, cp_group=cp)
         draft_input = torch.cat([hidden.detach(), p["draft.embedding.weight"][labels]], dim=-1)
         draft_hidden = torch.tanh(draft_input @ p["draft.fc.weight"].T + p["draft.fc.bias"])
         draft_logits = copy_to_tp(draft_hidden, tp) @ p["draft.head.weight"].T
         stats = soft_cross_entropy(
             draft_logits, teacher, draft_mask.to(torch.float32), tp_group=tp,
             token_chunk_size=self.config.token_chunk_size,
-            bin_ids=_shift_left(batch.bin_ids), weights=self.bin_weights,
+            bin_ids=next_bins, weights=self.bin_weights,
         )
         return policy_sum, stats
 
@@ -521,16 +619,21 @@ class CotrainWorker:
     def _pp_peer(self, offset: int) -> int:
         return dist.get_global_rank(self.groups.pp, self.stage + offset)
 
-    def _all_reduce_dp(self, tensor: torch.Tensor) -> None:
-        if self.groups.dp is not None:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.dp)
+    def _all_reduce_counts(self, tensor: torch.Tensor) -> None:
+        """Counts and loss sums: every token of the step lives on one DP x CP rank."""
+        group = self.groups.data_parallel()
+        if group is not None:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
 
     def _all_reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
         # One flat bucket: a single collective per step, as DDP buckets do.
-        if self.groups.dp is None or not params:
+        # A SUM, not an average: each rank's loss is already divided by the
+        # DP x CP-global counts.
+        group = self.groups.data_parallel()
+        if group is None or not params:
             return
         flat = torch.cat([p.main_grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.groups.dp)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         offset = 0
         for p in params:
             p.main_grad.copy_(flat[offset:offset + p.numel()].view_as(p.main_grad))
@@ -545,12 +648,25 @@ class CotrainWorker:
             dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=self.groups.pp)
         return {name: float(vector[i]) for i, name in enumerate(METRIC_NAMES)}
 
+    def _predicted_mask(self, batch: CotrainBatch) -> torch.Tensor:
+        """The mask of the tokens some position predicts: all but the sequence's first (float64).
+
+        Counted where the token lives, so no boundary exchange is needed; the
+        DP x CP sums equal those of the shifted masks.
+        """
+        mask = batch.mask.to(torch.float64).clone()
+        if self.groups.rank("cp") == 0:
+            mask[:, 0] = 0.0  # the first chunk starts the sequence
+        return mask
+
+    def _policy_count(self, batch: CotrainBatch) -> torch.Tensor:
+        """Local shifted-token count, ``sum(mask[:, 1:])`` of the unsharded sequence summed over CP."""
+        return self._predicted_mask(batch).sum()
+
     def _draft_counts(self, batch: CotrainBatch) -> torch.Tensor:
         """Local per-bin draft token counts, known from the masks before any forward."""
         return torch.bincount(
-            _shift_left(batch.bin_ids).reshape(-1),
-            weights=_shift_left(batch.mask).reshape(-1).to(torch.float64),
-            minlength=self.config.num_bins,
+            batch.bin_ids.reshape(-1), weights=self._predicted_mask(batch).reshape(-1), minlength=self.config.num_bins,
         ).to(torch.float64)
 
 
@@ -560,18 +676,6 @@ class CotrainWorker:
 def _call(probe: Probe | None, point: str) -> None:
     if probe is not None:
         probe(point)
-
-
-def _shift_left(values: torch.Tensor) -> torch.Tensor:
-    """``out[:, t] = values[:, t + 1]``, zero in the last slot (the shifted-token view)."""
-    out = torch.zeros_like(values)
-    out[:, :-1] = values[:, 1:]
-    return out
-
-
-def _policy_count(batch: CotrainBatch) -> torch.Tensor:
-    """Shifted-token count ``sum(mask[:, 1:])`` in float64."""
-    return batch.mask[:, 1:].to(torch.float64).sum()
 
 
 def _split_batch(batch: CotrainBatch, parts: int) -> list[CotrainBatch]:
@@ -597,7 +701,15 @@ def _metrics(
     }
 
 
-def _check_arguments(batch: object, mode: object, num_microbatches: object, config: CotrainConfig) -> None:
+_MASK_DTYPES = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+)
+
+
+def _check_arguments(
+    batch: object, mode: object, num_microbatches: object, config: CotrainConfig, cp_size: int = 1
+) -> None:
     what = "CotrainWorker.train_step"
     if mode not in ("monolithic", "split"):
         raise ValueError(f"{what}: mode must be 'monolithic' or 'split', got {mode!r}")
@@ -614,6 +726,8 @@ def _check_arguments(batch: object, mode: object, num_microbatches: object, conf
             f"{what}: batch.tokens, mask and bin_ids must share one shape, got "
             f"{tuple(tokens.shape)}, {tuple(mask.shape)}, {tuple(bins.shape)}"
         )
+    if mask.dtype not in _MASK_DTYPES:
+        raise TypeError(f"{what}: batch.mask must be bool, integer or real floating, got {mask.dtype}")
     rows, seq = tokens.shape
     if rows < 1 or seq < 2:
         raise ValueError(f"{what}: batch needs at least 1 row and 2 positions, got shape {tuple(tokens.shape)}")
@@ -624,6 +738,11 @@ def _check_arguments(batch: object, mode: object, num_microbatches: object, conf
         raise ValueError(f"{what}: batch.tokens must lie in [0, {config.vocab_size})")
     if bool(((bins < 0) | (bins >= config.num_bins)).any()):
         raise ValueError(f"{what}: batch.bin_ids must lie in [0, {config.num_bins})")
+    if cp_size > 1 and seq % 2:
+        raise ValueError(
+            f"{what}: under context parallelism ({cp_size} CP ranks) a rank's batch is its two load-balanced "
+            f"chunks, so its sequence length must be even, got {seq}; shard with shard_batch_for_cp"
+        )
     if mode == "split" and num_microbatches > rows:
         raise ValueError(
             f"{what}: num_microbatches ({num_microbatches}) exceeds this rank's {rows} batch rows"

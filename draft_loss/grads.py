@@ -155,8 +155,9 @@ def group_grad_norms(
     by stages that own no parameter of a group: they add zeros, which keeps
     the collective symmetric. Non-finite norms are returned as they are.
 
-    Main grads must be identical across DP (already all-reduced), so the
-    result is identical on every rank without a DP collective.
+    Main grads must be identical across DP and CP (already all-reduced over
+    DP x CP; parameters are replicated over CP), so the result is identical
+    on every rank without a DP or CP collective, which would count them again.
     """
     params = list(params)
     device = params[0].device if params else torch.device("cpu")

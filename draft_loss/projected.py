@@ -5,7 +5,8 @@ again in backward, so neither the ``[T, V]`` logits nor their gradient is ever
 held. Gradients flow to ``student_hidden`` and ``output_weight``. Under tensor
 parallelism the vocabulary rows of ``output_weight`` are sharded; the hidden
 state is replicated, so its gradient (a partial sum on each rank) is
-all-reduced over the TP group in backward.
+all-reduced over the TP group in backward, so the TP ranks agree in forward
+that they all need gradients, or none does (ValueError on every rank otherwise).
 
 Numerics and non-finite handling are those of ``soft_cross_entropy``. The
 logits of a tile are computed in the parameters' dtype (as a bf16 model head
@@ -118,6 +119,9 @@ def _check_arguments(
         ("teacher_logits dtype", v.dtype_code(teacher.dtype)),
         ("hidden size", hidden_size),
         ("token_chunk_size", chunk),
+        # Backward all-reduces the hidden gradient over TP: if one rank's graph
+        # has no backward, its peers would wait there for ever.
+        (v.GRADIENTS_FIELD, int(torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad))),
     )
     return layout, header + layout.header
 

@@ -15,6 +15,12 @@ Lifecycle (anything else raises ``StepOrderError``)::
          --correct_main_grads--> CORRECTED --finish--> IDLE
     abort(): any phase --> IDLE, every accumulation dropped.
 
+Under context parallelism "DP-global" means summed over DP x CP: each CP
+rank holds other tokens of the same sequences, the gradients are SUMMED over
+DP x CP, and every token is divided by the same global counts, so the factor
+stays ``n / d`` (no CP factor; one would be needed only for gradients
+averaged over CP, as Megatron's DDP does).
+
 An IDLE state is "inactive": it contributes an empty tensor to the count
 all-reduce and its correction is a no-op, so pipeline stages without a draft
 head run the same code and the same collectives.
@@ -164,7 +170,11 @@ class DraftStepState:
                 )
             return
         self._require(StepPhase.ACCUMULATING, "record_global_counts")
-        assert self._weights is not None
+        if self._weights is None:
+            raise StepOrderError(
+                "record_global_counts: no microbatch was accumulated in this step, so there are no "
+                "counts to record (accumulate at least one microbatch, or abort() the step)"
+            )
         bins = int(self._weights.shape[0])
         if not isinstance(reduced, torch.Tensor) or reduced.dim() != 1 or reduced.shape[0] != 2 * bins:
             raise ValueError(

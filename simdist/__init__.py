@@ -4,6 +4,7 @@
     results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
+from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
 from .errors import (
     BufferOverlapError,
@@ -25,6 +26,8 @@ from .world import run
 __all__ = [
     "BufferOverlapError",
     "CollectiveMismatchError",
+    "CommCount",
+    "CommStats",
     "Coords",
     "DeadlockError",
     "Fault",

@@ -24,15 +24,29 @@ def _layout(text: str) -> Layout:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="simdist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo_p = sub.add_parser("demo", help="run one real TP x PP x DP training step and check parity")
     demo_p.add_argument("--layout", type=_layout, default=None, help="e.g. tp=2,dp=2,pp=2")
-    args = parser.parse_args(argv)
+    # The fuzz commands need Hypothesis and pytest (test extras): imported only when asked for.
+    if len(argv_list) >= 1 and argv_list[0] in ("fuzz", "replay"):
+        from .fuzz._cli import add_fuzz_parser, add_replay_parser, fuzz_command, replay_command
+
+        add_fuzz_parser(sub)
+        add_replay_parser(sub)
+    else:
+        sub.add_parser("fuzz", help="run a fuzz campaign (simdist fuzz --help)", add_help=False)
+        sub.add_parser("replay", help="re-run failing fuzz cases (simdist replay --help)", add_help=False)
+    args = parser.parse_args(argv_list)
     if args.command == "demo":
         from .demo import demo
 
         return demo(args.layout)
+    if args.command == "fuzz":
+        return fuzz_command(args)
+    if args.command == "replay":
+        return replay_command(args)
     return 2  # unreachable: argparse rejects unknown commands
 
 

@@ -116,6 +116,10 @@ class Recorder:
     def records(self, rank: int) -> list[Record]:
         return list(self._rings[rank])
 
+    def all_records(self) -> list[Record]:
+        """Every call of the run, in start order (empty unless built with keep_all)."""
+        return list(self._all or [])
+
     def write_chrome_trace(self, path: str | os.PathLike[str], describe_rank: Any) -> None:
         """One track per rank, one slice per call, coloured by group."""
         events: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import c10d_state, stacks
+from . import c10d_state, comm_stats, stacks
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -262,8 +262,9 @@ def run(
         raise ValueError(f"flight_records must be a positive int, got {flight_records!r}")
     if trace is not None:
         _check_trace_path(trace)
+    counting = comm_stats.active()
     world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
-                  keep_trace=trace is not None, flight_records=flight_records)
+                  keep_trace=trace is not None or bool(counting), flight_records=flight_records)
     run_name = _name_run(fn)
 
     register_backend()
@@ -319,6 +320,8 @@ def run(
             f"this process group belongs to {run_name}, which has already ended: a group "
             f"can only be used inside the run that created it"
         ))
+        for stats in counting:
+            stats.add_records(world.recorder.all_records())
         trace_error = None
         if trace is not None:
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import simdist
-from cotrain_harness import config_for, groups_of, local_batch, make_global_batch
+from cotrain_harness import config_for, groups_of, make_global_batch, rank_batch
 from draft_loss.cotrain import CotrainWorker, StepResult
 from simdist import Layout
 
@@ -41,7 +41,7 @@ def fault_points(layout: Layout, microbatches: int) -> list[str]:
 
 
 def _batches(layout: Layout, config):
-    return [make_global_batch("uneven", layout.dp, config, seed=seed) for seed in (1, 2)]
+    return [make_global_batch("uneven", layout.dp, config, seed=seed, cp=layout.cp) for seed in (1, 2)]
 
 
 def _step_body(ctx, workers, config, global_batch, create, fault_rank, fault_point):
@@ -54,9 +54,7 @@ def _step_body(ctx, workers, config, global_batch, create, fault_rank, fault_poi
         if ctx.rank == fault_rank and point == fault_point:
             raise InjectedFault(point)
 
-    return worker.train_step(
-        local_batch(global_batch, ctx.coords.dp), mode="split", num_microbatches=MICROBATCHES, probe=probe
-    )
+    return worker.train_step(rank_batch(ctx, global_batch), mode="split", num_microbatches=MICROBATCHES, probe=probe)
 
 
 def clean_run(layout: Layout = LAYOUT, **overrides) -> list[StepResult]:

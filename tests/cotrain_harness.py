@@ -22,35 +22,45 @@ from draft_loss.cotrain import (
     ParallelGroups,
     StepResult,
     full_initial_parameters,
+    shard_batch_for_cp,
 )
+from draft_loss.context_parallel import padded_length
 from simdist import Layout
 
 ROWS_PER_REPLICA = 4
 SEQ_LEN = 6
 SCENARIOS = ("uneven", "empty", "zero_weight")
+# "boundary" needs cp to know where the chunks meet; the CP suites draw from these.
+CP_SCENARIOS = SCENARIOS + ("boundary",)
 ZERO_WEIGHT_BIN = 3  # CotrainConfig's default bin_weights end with a 0.0
 
 
 # ------------------------------------------------------------------ batches
 
 
-def make_global_batch(scenario: str, dp: int, config: CotrainConfig, seed: int = 0):
-    """``(tokens, mask, bin_ids)`` of shape ``[dp * ROWS_PER_REPLICA, SEQ_LEN]``.
+def make_global_batch(
+    scenario: str, dp: int, config: CotrainConfig, seed: int = 0, *, seq_len: int = SEQ_LEN, cp: int = 1
+):
+    """``(tokens, mask, bin_ids)`` of shape ``[dp * ROWS_PER_REPLICA, seq_len]``.
 
     "uneven": token counts differ across DP replicas and microbatches; replica 0
     has a row with no valid token and a row whose only valid token is the
     first (which leaves no shifted token); the last replica (when dp > 1) has
     no valid token at all. "empty": no valid token anywhere. "zero_weight":
     tokens only in a bin of weight 0, so the weighted draft count is 0 while
-    the policy count is not.
+    the policy count is not. "boundary": valid tokens only where the 2 * cp
+    load-balanced chunks meet: even rows at each chunk's first position (so
+    the only trained draft and policy positions are the chunk ends, whose
+    token t+1 lives on another CP rank or in the rank's other chunk), odd rows
+    at each chunk's last position.
     """
     g = torch.Generator().manual_seed(seed)
     rows = dp * ROWS_PER_REPLICA
-    tokens = torch.randint(0, config.vocab_size, (rows, SEQ_LEN), generator=g)
-    bins = torch.randint(0, config.num_bins, (rows, SEQ_LEN), generator=g)
+    tokens = torch.randint(0, config.vocab_size, (rows, seq_len), generator=g)
+    bins = torch.randint(0, config.num_bins, (rows, seq_len), generator=g)
     if scenario == "uneven":
         density = torch.linspace(0.9, 0.3, dp).repeat_interleave(ROWS_PER_REPLICA).unsqueeze(1)
-        mask = (torch.rand(rows, SEQ_LEN, generator=g) < density).to(torch.float32)
+        mask = (torch.rand(rows, seq_len, generator=g) < density).to(torch.float32)
         mask[0] = 0.0
         mask[1] = 0.0
         mask[1, 0] = 1.0
@@ -58,34 +68,54 @@ def make_global_batch(scenario: str, dp: int, config: CotrainConfig, seed: int =
         if dp > 1:
             mask[-ROWS_PER_REPLICA:] = 0.0
     elif scenario == "empty":
-        mask = torch.zeros(rows, SEQ_LEN)
+        mask = torch.zeros(rows, seq_len)
     elif scenario == "zero_weight":
-        mask = (torch.rand(rows, SEQ_LEN, generator=g) < 0.7).to(torch.float32)
+        mask = (torch.rand(rows, seq_len, generator=g) < 0.7).to(torch.float32)
         bins = torch.full_like(bins, ZERO_WEIGHT_BIN)
+    elif scenario == "boundary":
+        chunk = padded_length(seq_len, cp) // (2 * cp) if cp > 1 else -(-seq_len // 2)
+        heads = [k * chunk for k in range(1, 2 * cp) if k * chunk < seq_len]
+        tails = [k * chunk - 1 for k in range(1, 2 * cp + 1) if k * chunk - 1 < seq_len]
+        mask = torch.zeros(rows, seq_len)
+        mask[0::2, heads] = 1.0
+        mask[1::2, tails] = 1.0
     else:
-        raise ValueError(f"unknown scenario {scenario!r}; expected one of {SCENARIOS}")
+        raise ValueError(f"unknown scenario {scenario!r}; expected one of {CP_SCENARIOS}")
     return tokens, mask, bins
 
 
-def local_batch(global_batch, dp_rank: int) -> CotrainBatch:
+def local_batch(global_batch, dp_rank: int, cp_rank: int = 0, cp_size: int = 1) -> CotrainBatch:
+    """DP replica ``dp_rank``'s rows; with ``cp_size > 1``, CP rank ``cp_rank``'s shard of them."""
     rows = slice(dp_rank * ROWS_PER_REPLICA, (dp_rank + 1) * ROWS_PER_REPLICA)
     tokens, mask, bins = global_batch
-    return CotrainBatch(tokens[rows].clone(), mask[rows].clone(), bins[rows].clone())
+    batch = CotrainBatch(tokens[rows].clone(), mask[rows].clone(), bins[rows].clone())
+    return cp_shard(batch, cp_rank, cp_size)
+
+
+def cp_shard(batch: CotrainBatch, cp_rank: int, cp_size: int) -> CotrainBatch:
+    """A DP replica's batch as CP rank ``cp_rank`` holds it (unchanged when ``cp_size`` is 1)."""
+    return batch if cp_size == 1 else shard_batch_for_cp(batch, cp_rank, cp_size)
+
+
+def rank_batch(ctx, global_batch) -> CotrainBatch:
+    """This rank's batch: its DP replica's rows, its CP shard of them."""
+    return local_batch(global_batch, ctx.coords.dp, ctx.coords.cp, ctx.layout.cp)
 
 
 def groups_of(ctx) -> ParallelGroups:
     """The layout's groups, None for axes of size 1 (the code under test's convention)."""
     layout = ctx.layout
-    return ParallelGroups(**{
+    groups = {
         axis: getattr(ctx.groups, axis) if getattr(layout, axis) > 1 else None for axis in ("tp", "cp", "dp", "pp")
-    })
+    }
+    return ParallelGroups(**groups, dp_cp=ctx.groups.dp_cp if layout.dp * layout.cp > 1 else None)
 
 
 # ---------------------------------------------------------------------- runs
 
 
 def _both_modes_body(ctx, config, global_batch, num_microbatches, modes):
-    batch = local_batch(global_batch, ctx.coords.dp)
+    batch = rank_batch(ctx, global_batch)
     out = {}
     for mode in modes:
         worker = CotrainWorker(config, groups_of(ctx))
@@ -100,8 +130,10 @@ def run_modes(
     num_microbatches: int,
     modes: Sequence[str] = ("monolithic", "split"),
     seed: int = 0,
+    *,
+    seq_len: int = SEQ_LEN,
 ) -> tuple[dict[str, list[StepResult]], tuple]:
-    global_batch = make_global_batch(scenario, layout.dp, config, seed)
+    global_batch = make_global_batch(scenario, layout.dp, config, seed, seq_len=seq_len, cp=layout.cp)
     per_rank = simdist.run(
         _both_modes_body, layout=layout, args=(config, global_batch, num_microbatches, tuple(modes)), timeout=120.0
     )
@@ -132,7 +164,8 @@ def shard(full: torch.Tensor, name: str, tp_rank: int, tp: int) -> torch.Tensor:
     return full if dim is None else full.chunk(tp, dim=dim)[tp_rank]
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str) -> None:
+def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str) -> float:
+    """Raises unless ``actual`` is within tolerance; returns the largest absolute error."""
     actual, expected = actual.to(torch.float64), expected.to(torch.float64)
     error = (actual - expected).abs()
     allowed = atol + rtol * expected.abs()
@@ -142,6 +175,7 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: floa
             f"{what}: max error {float(error.max()):.3e} exceeds tolerance (rtol={rtol}, atol={atol:.3e}); "
             f"worst element {float(actual.reshape(-1)[worst]):.8e} vs {float(expected.reshape(-1)[worst]):.8e}"
         )
+    return float(error.max()) if error.numel() else 0.0
 
 
 def check_ranks_agree(layout: Layout, results: list[StepResult], mode: str) -> None:
@@ -164,8 +198,11 @@ def check_against(
     atol_fraction: float,
     what: str,
     tp_sharded_expected: bool,
-) -> None:
+) -> dict[str, float]:
     """Grads, params, norms and metrics of every rank against ``expected(rank)``.
+
+    Returns the worst errors: of grads, norms and params relative to the
+    model-wide scale of each, of metrics absolute.
 
     ``atol_fraction`` is relative to the largest magnitude of the compared
     quantity over the whole model, so tiny entries are judged at the scale of
@@ -174,6 +211,7 @@ def check_against(
     sample = expected(0)
     grad_scale = max(float(t.abs().max()) for t in _values(sample.grads)) or 1.0
     param_scale = max(float(t.abs().max()) for t in _values(sample.params)) or 1.0
+    worst = {"grads": 0.0, "params": 0.0, "grad_norms": 0.0, "metrics": 0.0}
     for rank, result in enumerate(results):
         coords = layout.coords(rank)
         exp = expected(rank)
@@ -181,25 +219,30 @@ def check_against(
             ref = exp.grads[name]
             if tp_sharded_expected:
                 ref = shard(ref, name, coords.tp, layout.tp)
-            _close(grad, ref, rtol, atol_fraction * grad_scale, f"{what}: rank {rank} grad {name}")
+            error = _close(grad, ref, rtol, atol_fraction * grad_scale, f"{what}: rank {rank} grad {name}")
+            worst["grads"] = max(worst["grads"], error / grad_scale)
         for name, param in result.params.items():
             ref = exp.params[name]
             if tp_sharded_expected:
                 ref = shard(ref, name, coords.tp, layout.tp)
-            _close(param, ref, rtol, atol_fraction * param_scale, f"{what}: rank {rank} param {name}")
+            error = _close(param, ref, rtol, atol_fraction * param_scale, f"{what}: rank {rank} param {name}")
+            worst["params"] = max(worst["params"], error / param_scale)
         for group in ("policy", "draft"):
-            _close(
+            error = _close(
                 torch.tensor(result.grad_norms[group]), torch.tensor(exp.grad_norms[group]),
                 rtol, atol_fraction * grad_scale, f"{what}: rank {rank} {group} grad norm",
             )
+            worst["grad_norms"] = max(worst["grad_norms"], error / grad_scale)
         for metric in METRIC_NAMES:
-            _close(
+            error = _close(
                 torch.tensor(result.metrics[metric]), torch.tensor(exp.metrics[metric]),
                 rtol, atol_fraction, f"{what}: rank {rank} metric {metric}",
             )
+            worst["metrics"] = max(worst["metrics"], error)
     # Every parameter of the model is owned by some rank.
     owned = set().union(*(r.grads.keys() for r in results))
     assert owned == set(sample.grads) or not tp_sharded_expected, f"{what}: parameters {set(sample.grads) - owned} unowned"
+    return worst
 
 
 def _values(d) -> Iterable[torch.Tensor]:
@@ -230,26 +273,36 @@ TOLERANCES = {
 }
 
 
-def check_parity(layout: Layout, config: CotrainConfig, scenario: str, num_microbatches: int, seed: int = 0) -> None:
-    """The parity property: split == monolithic == float64 reference, on every rank."""
-    results, global_batch = run_modes(layout, config, scenario, num_microbatches, seed=seed)
+def check_parity(
+    layout: Layout, config: CotrainConfig, scenario: str, num_microbatches: int, seed: int = 0, *,
+    seq_len: int = SEQ_LEN,
+) -> dict[str, float]:
+    """The parity property: split == monolithic == float64 reference (of the unsharded sequence), on every rank.
+
+    Returns the worst errors seen, relative to the model-wide scale (for reports).
+    """
+    results, global_batch = run_modes(layout, config, scenario, num_microbatches, seed=seed, seq_len=seq_len)
     mono, split = results["monolithic"], results["split"]
     for mode, per_rank in results.items():
         check_ranks_agree(layout, per_rank, mode)
         assert not per_rank[0].skipped, f"{mode}: the step was skipped (non-finite grad norm)"
     tol = TOLERANCES[config.dtype]
     rtol, atol = tol["split_vs_monolithic"]
-    check_against(
+    worst = {}
+    errors = check_against(
         layout, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol,
         what="split vs monolithic", tp_sharded_expected=False,
     )
+    worst |= {f"split_vs_monolithic:{k}": v for k, v in errors.items()}
     ref = reference_of(config, global_batch)
     rtol, atol = tol["vs_reference"]
     for mode, per_rank in results.items():
-        check_against(
+        errors = check_against(
             layout, per_rank, lambda rank: ref, rtol=rtol, atol_fraction=atol,
             what=f"{mode} vs float64 reference", tp_sharded_expected=True,
         )
+        worst |= {f"{mode}_vs_reference:{k}": v for k, v in errors.items()}
+    return worst
 
 
 def config_for(dtype: torch.dtype = torch.float32, **overrides) -> CotrainConfig:

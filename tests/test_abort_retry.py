@@ -20,6 +20,7 @@ from cotrain_faults import (
 from cotrain_harness import config_for, local_batch, make_global_batch
 from draft_loss.cotrain import CotrainWorker, ParallelGroups, StepAbortedError
 from draft_loss.step_state import StepPhase
+from simdist import Layout
 
 # A rank of the last PP stage (draft head and step state) in DP replica 0,
 # whose microbatches all hold valid tokens in the "uneven" scenario.
@@ -33,14 +34,14 @@ def clean():
     return clean_run(**CLIPPED)
 
 
-def _check_fault_then_retry(clean, fault_rank: int, point: str) -> None:
-    failure, before, after, states, leftovers, retried = faulty_then_retry(LAYOUT, fault_rank, point, **CLIPPED)
+def _check_fault_then_retry(clean, fault_rank: int, point: str, layout: Layout = LAYOUT) -> None:
+    failure, before, after, states, leftovers, retried = faulty_then_retry(layout, fault_rank, point, **CLIPPED)
     # The injected fault is the first failure, unless the faulty rank reached
     # the commit agreement and a peer learnt there that the step failed (then
     # simdist releases the rest, the faulty rank included).
     kinds = {type(e) for e in failure.failures.values()}
     assert kinds and kinds <= {InjectedFault, StepAbortedError}, failure.failures
-    assert set(failure.failures) | set(failure.released) == set(range(LAYOUT.world_size))
+    assert set(failure.failures) | set(failure.released) == set(range(layout.world_size))
     for rank in before:
         # The failed attempt changed nothing that a retry reads.
         assert states[rank] == (StepPhase.IDLE.value, 0), f"rank {rank}: draft state left at {states[rank]}"
@@ -68,6 +69,33 @@ def test_fault_on_the_first_stage_then_retry_equals_a_clean_run(clean, point):
 @pytest.mark.parametrize("fault_rank", range(LAYOUT.world_size))
 def test_fault_anywhere_then_retry_equals_a_clean_run(clean, fault_rank, point):
     _check_fault_then_retry(clean, fault_rank, point)
+
+
+# ------------------------------------------------------- context parallel
+
+CP_LAYOUT = Layout(cp=2, dp=2, pp=2)
+# The draft stage's CP rank 1 of replica 0: it holds the middle chunks, so it
+# both sends and receives boundary rows.
+CP_LAST_RANK = CP_LAYOUT.rank_of(cp=1, dp=0, pp=1)
+
+
+@pytest.fixture(scope="module")
+def clean_cp():
+    return clean_run(CP_LAYOUT, **CLIPPED)
+
+
+@pytest.mark.parametrize(
+    "point", ["split:microbatch:1:forward", "split:before_count_reduction", "split:during_correction", "split:optimizer:2"]
+)
+def test_fault_on_a_cp_layout_then_retry_equals_a_clean_run(clean_cp, point):
+    _check_fault_then_retry(clean_cp, CP_LAST_RANK, point, CP_LAYOUT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", fault_points(CP_LAYOUT, MICROBATCHES))
+@pytest.mark.parametrize("fault_rank", range(CP_LAYOUT.world_size))
+def test_fault_anywhere_on_a_cp_layout_then_retry_equals_a_clean_run(clean_cp, fault_rank, point):
+    _check_fault_then_retry(clean_cp, fault_rank, point, CP_LAYOUT)
 
 
 def test_non_finite_gradient_skips_the_step_and_a_retry_equals_a_clean_step():

@@ -80,31 +80,6 @@ def test_no_valid_token_gives_zero_gradients_and_finite_metrics():
                 assert torch.equal(grad, torch.zeros_like(grad)), (mode, name)
 
 
-# --------------------------------------------------------- context parallel
-
-
-def _cp_body(ctx, mode):
-    config = config_for()
-    worker = CotrainWorker(config, groups_of(ctx))
-    worker.train_step(local_batch(make_global_batch("uneven", ctx.layout.dp, config), ctx.coords.dp), mode=mode,
-                      num_microbatches=2)
-
-
-def test_context_parallelism_fails_the_same_clear_way_in_both_modes():
-    messages = {}
-    for mode in ("monolithic", "split"):
-        with pytest.raises(simdist.RankError) as info:
-            simdist.run(_cp_body, layout=Layout(cp=2, dp=2), args=(mode,))
-        failures = info.value.failures
-        assert sorted(failures) == [0, 1, 2, 3], "every rank must fail by itself, none may wait"
-        kinds = {type(e) for e in failures.values()}
-        assert kinds == {NotImplementedError}
-        messages[mode] = {str(e) for e in failures.values()}
-    assert messages["monolithic"] == messages["split"]
-    (message,) = messages["split"]
-    assert "context parallelism is not supported (cp group of 2 ranks)" in message
-
-
 # --------------------------------------------------------------- bad input
 
 

@@ -9,12 +9,16 @@ on the same cases, so a failure here is the mutant's doing.
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch.distributed as dist
 
 import cotrain_harness
 import simdist
 from cotrain_faults import assert_bitwise_equal, clean_run, faulty_then_retry
 from cotrain_harness import check_parity, config_for
+from draft_loss import context_parallel as context_parallel_module
 from draft_loss import cotrain as cotrain_module
 from draft_loss import grads as grads_module
 from draft_loss import step_state as step_state_module
@@ -135,3 +139,119 @@ def test_mutant_abort_that_keeps_the_sums_is_caught_by_retry_values_alone(monkey
     _, _, _, _, _, retried = faulty_then_retry(SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED)
     with pytest.raises(AssertionError, match="rank"):
         assert_bitwise_equal(retried, clean)
+
+
+# ------------------------------------------------------- context parallel
+
+CP_SENSITIVE = Layout(cp=3, dp=2)  # a middle CP rank exchanges with both neighbours; dp_cp != dp
+
+
+def _cp_parity(scenario: str = "boundary") -> None:
+    check_parity(CP_SENSITIVE, config_for(**CLIPPED), scenario, 2, seq_len=12)
+
+
+def _cp_monolithic_vs_reference(scenario: str = "boundary") -> None:
+    """The monolithic step alone against the unsharded float64 reference."""
+    config = config_for(**CLIPPED)
+    results, global_batch = cotrain_harness.run_modes(CP_SENSITIVE, config, scenario, 2, ("monolithic",), seq_len=12)
+    rtol, atol = cotrain_harness.TOLERANCES[config.dtype]["vs_reference"]
+    reference = cotrain_harness.reference_of(config, global_batch)
+    cotrain_harness.check_against(
+        CP_SENSITIVE, results["monolithic"], lambda rank: reference, rtol=rtol, atol_fraction=atol,
+        what="monolithic vs float64 reference", tp_sharded_expected=True,
+    )
+
+
+def test_cp_unmutated_cases_pass():
+    """The mutants below fail for their mutation, not for the case."""
+    _cp_parity("boundary")
+    _cp_parity("uneven")
+    _cp_monolithic_vs_reference()
+
+
+def test_mutant_boundary_from_the_wrong_neighbour_is_caught(monkeypatch):
+    original = context_parallel_module._neighbour_heads
+
+    def swapped(heads_a, heads_b, group, rank, size):
+        from_right, from_left = original(heads_a, heads_b, group, rank, size)
+        return from_left, from_right  # the bug: rank - 1's row where rank + 1's belongs, and back
+
+    monkeypatch.setattr(context_parallel_module, "_neighbour_heads", swapped)
+    _assert_misaligned()
+
+
+def _assert_misaligned() -> None:
+    # The monolithic counts are taken where the tokens live (no exchange), the
+    # split ones from the aligned mask: a wrong alignment first shows as a
+    # split/monolithic disagreement, and each mode alone leaves the reference.
+    with pytest.raises(AssertionError, match=r"split vs monolithic: rank 0 grad draft\."):
+        _cp_parity()
+    with pytest.raises(AssertionError, match="monolithic vs float64 reference"):
+        _cp_monolithic_vs_reference()
+
+
+def test_mutant_boundary_dropped_is_caught(monkeypatch):
+    # The bug: each rank shifts its shard as if it were the whole sequence.
+    monkeypatch.setattr(context_parallel_module, "_neighbour_heads", lambda *args: (None, None))
+    _assert_misaligned()
+
+
+def test_mutant_cp_factor_added_to_the_correction_is_caught(monkeypatch):
+    original = cotrain_module.CotrainWorker._normalise_gradients
+
+    def nemo_factor(self, params, policy_count, probe):
+        original(self, params, policy_count, probe)
+        # The bug: NeMo RL's "draft correction x CP size", which compensates a
+        # gradient AVERAGED over CP, applied to our gradient SUMMED over DP x CP.
+        for p in params:
+            if parameter_group(p) == "draft":
+                p.main_grad.mul_(self.groups.size("cp"))
+
+    monkeypatch.setattr(cotrain_module.CotrainWorker, "_normalise_gradients", nemo_factor)
+    with pytest.raises(AssertionError, match=r"split vs monolithic: rank 0 grad draft\."):
+        _cp_parity("uneven")
+
+
+def test_mutant_gradients_averaged_over_dp_cp_without_a_cp_factor_is_caught(monkeypatch):
+    original = cotrain_module.CotrainWorker._all_reduce_gradients
+
+    def averaged(self, params):
+        # The bug: Megatron's DDP average over DP x CP while the loss is already
+        # divided by the global count, with no factor to undo it.
+        original(self, params)
+        for p in params:
+            p.main_grad.div_(self.groups.size("dp") * self.groups.size("cp"))
+
+    monkeypatch.setattr(cotrain_module.CotrainWorker, "_all_reduce_gradients", averaged)
+    with pytest.raises(AssertionError, match="monolithic vs float64 reference"):
+        _cp_parity("uneven")
+
+
+def test_mutant_counts_reduced_over_dp_instead_of_dp_cp_is_caught(monkeypatch):
+    def dp_only(self, tensor):
+        if self.groups.dp is not None:
+            dist.all_reduce(tensor, group=self.groups.dp)  # the bug: the CP peers' tokens are not counted
+
+    monkeypatch.setattr(cotrain_module.CotrainWorker, "_all_reduce_counts", dp_only)
+    # CP ranks of one replica see different counts: their metrics differ.
+    with pytest.raises(AssertionError, match="monolithic: rank 1 metrics"):
+        _cp_parity("uneven")
+    # And the gradients are wrong: the split step's correction uses a count
+    # that differs from the monolithic normalisation on every CP rank.
+    monkeypatch.setattr(cotrain_harness, "check_ranks_agree", lambda *args: None)
+    with pytest.raises(AssertionError, match="split vs monolithic: rank 0 grad"):
+        _cp_parity("uneven")
+
+
+def test_mutant_grad_norms_summed_over_cp_is_caught(monkeypatch):
+    original = grads_module.group_grad_norms
+
+    def counted_per_cp_rank(params, *, tp_group, pp_group):
+        # The bug: every CP rank adds its (replicated) squares, as an all-reduce
+        # of the squares over the CP group would.
+        norms = original(params, tp_group=tp_group, pp_group=pp_group)
+        return {name: value * math.sqrt(CP_SENSITIVE.cp) for name, value in norms.items()}
+
+    monkeypatch.setattr(cotrain_module._grads, "group_grad_norms", counted_per_cp_rank)
+    with pytest.raises(AssertionError, match="monolithic vs float64 reference: rank 0 param"):
+        _cp_parity("uneven")

@@ -1,0 +1,156 @@
+"""Regression cases: one small JSON file per failure, replayable forever.
+
+A file names the property (a pytest node id, relative to the directory the
+campaign ran in), the case in the property's own JSON form, and the error it
+raised when found. ``replay_case`` imports the property the way pytest would
+(its directory on ``sys.path``, the ``conftest.py`` files above it loaded
+first) and runs its body once with the decoded case: no search, no shrinking.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from ._property import spec_of
+
+__all__ = ["CaseFile", "CaseFileError", "write_case", "read_case", "replay_case"]
+
+FORMAT = "simdist-fuzz-case/1"
+
+
+class CaseFileError(ValueError):
+    """A regression file that cannot be read or whose property cannot be found."""
+
+
+@dataclass(frozen=True)
+class CaseFile:
+    path: Path
+    target: str
+    case: dict[str, Any]
+    error: dict[str, Any]
+    found: dict[str, Any]
+
+    @property
+    def file_part(self) -> str:
+        return self.target.split("::", 1)[0]
+
+    @property
+    def function_part(self) -> str:
+        return self.target.split("::", 1)[1] if "::" in self.target else ""
+
+
+def write_case(directory: Path, target: str, case: Mapping[str, Any], error_type: str, error: str,
+               found: Mapping[str, Any]) -> Path:
+    """Write one case file; the name is stable for the same property and case."""
+    directory.mkdir(parents=True, exist_ok=True)
+    body = json.dumps(dict(case), sort_keys=True)
+    digest = hashlib.sha1(f"{target}\n{body}".encode()).hexdigest()[:10]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.split("::")[-1])[:60]
+    path = directory / f"{name}-{digest}.json"
+    data = {
+        "format": FORMAT,
+        "target": target,
+        "case": dict(case),
+        "error": {"type": error_type, "message": error[:4000]},
+        "found": {"date": _dt.date.today().isoformat(), **dict(found)},
+    }
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_case(path: str | Path) -> CaseFile:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CaseFileError(f"{p}: no such file") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CaseFileError(f"{p}: not a readable JSON case file: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CaseFileError(f"{p}: not a simdist fuzz case (expected \"format\": \"{FORMAT}\")")
+    for key in ("target", "case"):
+        if key not in data:
+            raise CaseFileError(f"{p}: missing {key!r}")
+    if "::" not in data["target"]:
+        raise CaseFileError(f"{p}: target {data['target']!r} is not a pytest node id (path::function)")
+    return CaseFile(p, data["target"], data["case"], data.get("error", {}), data.get("found", {}))
+
+
+def _locate(case: CaseFile, root: Path | None) -> Path:
+    rel = Path(case.file_part)
+    candidates = [root / rel] if root is not None else []
+    candidates.append(Path.cwd() / rel)
+    # A corpus usually lives in the same repository as its properties.
+    candidates += [parent / rel for parent in case.path.resolve().parents]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise CaseFileError(f"{case.path}: property file {case.file_part} not found (from {Path.cwd().name}/ or above the case file)")
+
+
+def _import_like_pytest(path: Path) -> Any:
+    """Import a test file as pytest's default ("prepend") import mode does."""
+    base = path.parent
+    parts = [path.stem]
+    while (base / "__init__.py").exists():
+        parts.insert(0, base.name)
+        base = base.parent
+    if str(base) not in sys.path:
+        sys.path.insert(0, str(base))
+    _load_conftests(path.parent, base)
+    name = ".".join(parts)
+    module = sys.modules.get(name)
+    if module is not None and Path(getattr(module, "__file__", "")).resolve() == path:
+        return module
+    return importlib.import_module(name)
+
+
+def _load_conftests(directory: Path, base: Path) -> None:
+    """Load conftest.py files from the outermost down, as pytest does before a test module."""
+    chain = [d for d in [directory, *directory.parents] if (d / "conftest.py").exists()]
+    for d in reversed(chain):
+        conftest = (d / "conftest.py").resolve()
+        if any(Path(getattr(m, "__file__", "") or "").resolve() == conftest
+               for m in list(sys.modules.values()) if getattr(m, "__file__", None)):
+            continue
+        if str(d) not in sys.path:
+            sys.path.insert(0, str(d))
+        name = f"_simdist_replay_conftest_{hashlib.sha1(str(conftest).encode()).hexdigest()[:8]}"
+        spec = importlib.util.spec_from_file_location(name, conftest)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+def replay_case(path: str | Path, *, root: Path | None = None) -> None:
+    """Run the case in ``path`` once; raises whatever the property raises."""
+    case = read_case(path)
+    module = _import_like_pytest(_locate(case, root))
+    name = case.function_part.split("[", 1)[0]
+    if "::" in name:
+        raise CaseFileError(f"{case.path}: {case.target}: only module-level properties can be replayed")
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise CaseFileError(f"{case.path}: {case.target}: {name!r} not found in {module.__name__}")
+    spec = spec_of(obj)
+    if spec is None:
+        raise CaseFileError(f"{case.path}: {case.target} is not a @simdist.fuzz.replayable property")
+    # Run the body under Hypothesis with exactly this case, so that event()
+    # and target() calls inside it work as in the campaign; nothing is searched.
+    decoded = spec.decode(case.case)
+    once = settings(database=None, phases=[Phase.generate], max_examples=1, deadline=None,
+                    suppress_health_check=list(HealthCheck), print_blob=False)
+    once(given(**{spec.arg: st.just(decoded)})(obj.hypothesis.inner_test))()

@@ -1,0 +1,49 @@
+"""Where a campaign keeps Hypothesis' example database.
+
+A plain path is a local ``DirectoryBasedExampleDatabase`` (shared by every
+worker process of a campaign and by later campaigns on the same machine).
+``python:package.module:name`` names an ``ExampleDatabase`` object, class or
+factory of the user's, which is how campaigns share one database between
+machines (``GitHubArtifactDatabase``, ``RedisExampleDatabase`` from
+``hypothesis[redis]``, wrapped in a ``MultiplexedDatabase``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+__all__ = ["resolve_database", "DatabaseSpecError"]
+
+
+class DatabaseSpecError(ValueError):
+    pass
+
+
+def resolve_database(spec: str | None) -> ExampleDatabase | None:
+    if spec is None or spec.lower() == "none":
+        return None
+    if spec.startswith("python:"):
+        target = spec[len("python:"):]
+        module_name, _, attr = target.partition(":")
+        if not module_name or not attr:
+            raise DatabaseSpecError(
+                f"--database {spec!r}: expected python:package.module:name, e.g. python:ci_db:database"
+            )
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise DatabaseSpecError(f"--database {spec!r}: cannot load {target}: {exc}") from exc
+        if isinstance(obj, ExampleDatabase):
+            return obj
+        if callable(obj):
+            made = obj()
+            if isinstance(made, ExampleDatabase):
+                return made
+            raise DatabaseSpecError(
+                f"--database {spec!r}: {target}() returned {type(made).__name__}, not a hypothesis ExampleDatabase"
+            )
+        raise DatabaseSpecError(f"--database {spec!r}: {target} is {type(obj).__name__}, not an ExampleDatabase")
+    return DirectoryBasedExampleDatabase(str(Path(spec)))

@@ -1,0 +1,131 @@
+"""What a fuzz property declares: how its case is written down and read back.
+
+A property is an ordinary Hypothesis test. ``@replayable`` (placed under
+``@given``) names the argument that carries the case and how to decode the
+case's JSON form, so that the campaign can write a failing case as a small
+human-readable file and ``simdist replay`` can run exactly that case again,
+without Hypothesis.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, TypeVar
+
+import hypothesis
+
+__all__ = ["FuzzSpec", "replayable", "cover", "spec_of", "encode_case", "last_failure", "clear_failures"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class FuzzSpec:
+    """How a replayable property's case argument is decoded."""
+
+    arg: str
+    decode: Callable[[Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    case: dict[str, Any]
+    error_type: str
+    error: str
+
+
+_lock = threading.Lock()
+# Keyed by the property's "module.qualname". Hypothesis re-runs the shrunk
+# example last before it raises, so the last failure recorded for a property
+# is its minimal failing case.
+_failures: dict[str, FailureRecord] = {}
+
+
+def encode_case(case: Any) -> dict[str, Any]:
+    """A case's JSON form: ``case.to_json()``, or the mapping itself."""
+    if hasattr(case, "to_json"):
+        data = case.to_json()
+    elif isinstance(case, Mapping):
+        data = dict(case)
+    else:
+        raise TypeError(
+            f"a fuzz case must have a to_json() method or be a mapping, got {type(case).__name__}"
+        )
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the case's JSON form is not JSON-serialisable: {exc}") from exc
+    return data
+
+
+def _key(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def replayable(decode: Callable[[Mapping[str, Any]], Any], *, arg: str = "case") -> Callable[[F], F]:
+    """Mark a property's case argument as replayable (goes under ``@given``).
+
+    ``decode`` turns the JSON form written by ``case.to_json()`` back into the
+    case. Every failing case is remembered, so the campaign can write the
+    shrunk one to the regression corpus.
+    """
+    if not callable(decode):
+        raise TypeError(f"decode must be callable, got {type(decode).__name__}")
+
+    def wrap(fn: F) -> F:
+        params = inspect.signature(fn).parameters
+        if arg not in params:
+            raise TypeError(
+                f"{fn.__qualname__} has no parameter {arg!r} to carry the case; "
+                f"its parameters are {list(params)}: pass arg=... to replayable()"
+            )
+        key = _key(fn)
+
+        @functools.wraps(fn)
+        def property_body(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                case = kwargs.get(arg)
+                record = FailureRecord(encode_case(case), type(exc).__name__, str(exc))
+                with _lock:
+                    _failures[key] = record
+                raise
+
+        property_body.__simdist_fuzz__ = FuzzSpec(arg=arg, decode=decode)  # type: ignore[attr-defined]
+        return property_body  # type: ignore[return-value]
+
+    return wrap
+
+
+def spec_of(test: Callable[..., Any]) -> FuzzSpec | None:
+    """The ``FuzzSpec`` of a (possibly ``@given``-wrapped) property, or None."""
+    inner = getattr(getattr(test, "hypothesis", None), "inner_test", test)
+    return getattr(inner, "__simdist_fuzz__", None)
+
+
+def last_failure(test: Callable[..., Any]) -> FailureRecord | None:
+    inner = getattr(getattr(test, "hypothesis", None), "inner_test", test)
+    with _lock:
+        return _failures.get(_key(getattr(inner, "__wrapped__", inner)))
+
+
+def clear_failures() -> None:
+    with _lock:
+        _failures.clear()
+
+
+def cover(**features: object) -> None:
+    """Record what this case covers, one Hypothesis event per feature.
+
+    Each becomes ``hypothesis.event("name=value")``: visible in Hypothesis'
+    statistics and counted by the campaign's coverage summary.
+    """
+    for name, value in features.items():
+        hypothesis.event(f"{name}={value}")

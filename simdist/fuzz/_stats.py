@@ -1,0 +1,145 @@
+"""What a campaign has seen so far: cases, coverage, failures.
+
+Built only from the workers' events, so the live progress line, the final
+summary and the JSON report all say the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CampaignStats", "Failure"]
+
+# Features whose values, joined, name a rank layout.
+_LAYOUT_AXES = ("tp", "cp", "dp", "pp")
+
+
+@dataclass
+class Failure:
+    property: str
+    error_type: str
+    error: str
+    case: dict[str, Any] | None
+    replayable: bool
+    seed: int | None
+    found_after: float
+    worker: int
+    report: str
+    file: str | None = None
+
+
+
+@dataclass
+class CampaignStats:
+    cases: int = 0
+    cases_by_status: Counter = field(default_factory=Counter)
+    cases_by_property: Counter = field(default_factory=Counter)
+    cases_by_worker: Counter = field(default_factory=Counter)
+    features: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    layouts: set[str] = field(default_factory=set)
+    targets: dict[str, float] = field(default_factory=dict)
+    case_seconds: float = 0.0
+    properties: set[str] = field(default_factory=set)
+    ignored: set[str] = field(default_factory=set)
+    failures: list[Failure] = field(default_factory=list)
+    first_failing_case_at: dict[str, float] = field(default_factory=dict)
+    # Cases a property ran before its first failing one: 0 means the example
+    # database replayed a known failure straight away.
+    cases_before_first_failure: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    collect_errors: int = 0
+    done_reasons: dict[int, str] = field(default_factory=dict)
+
+    def add(self, worker: int, event: dict[str, Any]) -> None:
+        kind = event.get("e")
+        if kind == "case":
+            self.cases_by_worker[worker] += 1
+            self._add_case(event)
+        elif kind == "round":
+            self.rounds += 1
+        elif kind == "start":
+            self.properties.update(event.get("properties", []))
+            self.ignored.update(event.get("ignored", []))
+        elif kind == "failure":
+            self._add_failure(worker, event)
+        elif kind == "collect_error":
+            self.collect_errors += int(event.get("count", 1))
+        elif kind == "done":
+            self.done_reasons[worker] = str(event.get("reason", ""))
+
+    def _add_case(self, event: dict[str, Any]) -> None:
+        status = event.get("s", "passed")
+        prop = event.get("p", "?")
+        self.cases += 1
+        self.cases_by_status[status] += 1
+        self.cases_by_property[prop] += 1
+        self.case_seconds += float(event.get("sec", 0.0))
+        if status == "failed" and prop not in self.first_failing_case_at:
+            self.first_failing_case_at[prop] = float(event.get("t", 0.0))
+            self.cases_before_first_failure[prop] = self.cases_by_property[prop] - 1
+        axes: dict[str, str] = {}
+        for name, value in event.get("f", {}).items():
+            if name.startswith("target:"):
+                label = name[len("target:"):] or "target"
+                if isinstance(value, (int, float)):
+                    self.targets[label] = max(self.targets.get(label, float("-inf")), float(value))
+                continue
+            key, sep, val = name.partition("=")
+            if not sep:
+                key, val = name, str(value) if value not in ("", None) else "yes"
+            self.features[key][val] += 1
+            if key in _LAYOUT_AXES:
+                axes[key] = val
+        if axes:
+            self.layouts.add("-".join(f"{a}{axes[a]}" for a in _LAYOUT_AXES if a in axes))
+
+    def _add_failure(self, worker: int, event: dict[str, Any]) -> None:
+        failure = Failure(
+            property=event["p"], error_type=event.get("error_type", "failure"), error=event.get("error", ""),
+            case=event.get("case"), replayable=bool(event.get("replayable")), seed=event.get("seed"),
+            found_after=float(event.get("t", 0.0)), worker=worker, report=event.get("report", ""),
+        )
+        # Workers sharing a database can report the same bug twice, one of them
+        # unshrunk: Hypothesis does not shrink again a failure it replays from
+        # the database, and a peer may have saved it mid-shrink. Keep the
+        # smallest case per property and error type.
+        for i, known in enumerate(self.failures):
+            if (known.property, known.error_type) == (failure.property, failure.error_type):
+                if _size(failure.case) < _size(known.case):
+                    failure.found_after = min(failure.found_after, known.found_after)
+                    self.failures[i] = failure
+                return
+        self.failures.append(failure)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cases": self.cases,
+            "cases_by_status": dict(self.cases_by_status),
+            "cases_by_property": dict(self.cases_by_property),
+            "cases_by_worker": {str(k): v for k, v in sorted(self.cases_by_worker.items())},
+            "case_seconds": round(self.case_seconds, 3),
+            "distinct_layouts": sorted(self.layouts),
+            "coverage": {k: dict(v) for k, v in sorted(self.features.items())},
+            "best_targets": self.targets,
+            "properties": sorted(self.properties),
+            "ignored_tests": sorted(self.ignored),
+            "rounds": self.rounds,
+            "failures": [
+                {
+                    "property": f.property, "error_type": f.error_type, "error": f.error, "case": f.case,
+                    "replayable": f.replayable, "seed": f.seed, "found_after_s": f.found_after,
+                    "first_failing_case_after_s": self.first_failing_case_at.get(f.property),
+                    "cases_before_first_failure": self.cases_before_first_failure.get(f.property),
+                    "worker": f.worker, "file": f.file, "report": f.report,
+                }
+                for f in self.failures
+            ],
+        }
+
+
+def _size(case: dict[str, Any] | None) -> tuple[int, str]:
+    text = json.dumps(case, sort_keys=True)
+    return (len(text), text)

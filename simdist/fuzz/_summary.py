@@ -1,0 +1,108 @@
+"""Human-readable output of a campaign: the live progress line and the summary."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+from xml.sax.saxutils import escape, quoteattr
+
+from ._stats import CampaignStats
+
+__all__ = ["progress_line", "summary_text", "junit_xml"]
+
+# Coverage rows in this order first; any other feature follows alphabetically.
+_ORDER = ("world", "tp", "cp", "dp", "pp", "microbatches", "dtype", "reduction", "zero_count", "fault", "clip")
+
+
+def _short(nodeid: str) -> str:
+    return nodeid.rsplit("::", 1)[-1]
+
+
+def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: int) -> str:
+    rate = stats.cases / elapsed if elapsed > 0 else 0.0
+    phase = "" if elapsed <= budget else " (finishing: shrinking failures)"
+    return (
+        f"fuzz {elapsed:5.0f}/{budget:.0f} s  cases {stats.cases} ({rate:.1f}/s)  "
+        f"layouts {len(stats.layouts)}  failures {len(stats.failures)}  workers {workers}{phase}"
+    )
+
+
+def _values(counter: Any) -> str:
+    def order(item: tuple[str, int]) -> tuple[int, Any]:
+        value = item[0]
+        return (0, int(value)) if value.lstrip("-").isdigit() else (1, value)
+
+    return "  ".join(f"{value}: {count}" for value, count in sorted(counter.items(), key=order))
+
+
+def summary_text(stats: CampaignStats, *, elapsed: float, workers: int, seed: int, targets: Sequence[str],
+                 problems: Sequence[str]) -> str:
+    rate = stats.cases / elapsed if elapsed > 0 else 0.0
+    status = ", ".join(f"{n} {s}" for s, n in sorted(stats.cases_by_status.items()))
+    lines = [
+        "",
+        f"simdist fuzz: {elapsed:.1f} s, {workers} worker(s), seed {seed}, target {' '.join(targets)}",
+        f"  cases       {stats.cases} ({rate:.1f}/s{'; ' + status if status else ''})",
+        f"  properties  {len(stats.properties)}: "
+        + ", ".join(f"{_short(p)} {stats.cases_by_property.get(p, 0)}" for p in sorted(stats.properties)),
+        f"  layouts     {len(stats.layouts)} distinct",
+    ]
+    if stats.features:
+        lines.append("coverage (cases per value)")
+        names = [n for n in _ORDER if n in stats.features] + sorted(set(stats.features) - set(_ORDER))
+        width = max(len(n) for n in names)
+        lines += [f"  {n:<{width}}  {_values(stats.features[n])}" for n in names]
+    if stats.targets:
+        lines.append("hardest cases found (hypothesis.target, highest)")
+        lines += [f"  {label}: {value:.3g}" for label, value in sorted(stats.targets.items())]
+    for problem in problems:
+        lines.append(problem if problem.startswith("note:") else f"PROBLEM: {problem}")
+    if not stats.failures:
+        lines.append("failures: none")
+    else:
+        lines.append(f"failures: {len(stats.failures)}")
+        for i, f in enumerate(stats.failures, 1):
+            first = stats.first_failing_case_at.get(f.property)
+            when = f"first failing case after {first:.1f} s, " if first is not None else ""
+            lines.append(f"  {i}. {f.property}")
+            lines.append(f"     {f.error_type}: {_first_lines(f.error, 6)}")
+            lines.append(f"     ({when}reported after {f.found_after:.1f} s, worker {f.worker})")
+            if f.case is not None:
+                lines.append(f"     shrunk case: {json.dumps(f.case, sort_keys=True)}")
+            if f.file:
+                lines.append(f"     written to {f.file}; replay: simdist replay {f.file}")
+            elif not f.replayable:
+                lines.append("     (not a @simdist.fuzz.replayable property: see the report above for Hypothesis' falsifying example)")
+                lines.append("     " + _first_lines(f.report, 30).replace("\n", "\n     "))
+    return "\n".join(lines)
+
+
+def _first_lines(text: str, n: int) -> str:
+    parts = text.strip().splitlines()
+    head = "\n     ".join(parts[:n])
+    return head + (f"\n     ... ({len(parts) - n} more lines)" if len(parts) > n else "")
+
+
+def junit_xml(stats: CampaignStats, elapsed: float, problems: Sequence[str]) -> str:
+    failed = {f.property: f for f in stats.failures}
+    cases = []
+    for prop in sorted(stats.properties):
+        path, _, name = prop.rpartition("::")
+        body = ""
+        f = failed.get(prop)
+        if f is not None:
+            detail = f"case: {json.dumps(f.case, sort_keys=True)}\n\n{f.report}"
+            body = (f"<failure message={quoteattr(f'{f.error_type}: {f.error}'[:2000])} "
+                    f"type={quoteattr(f.error_type)}>{escape(detail)}</failure>")
+        cases.append(
+            f'  <testcase classname={quoteattr(path)} name={quoteattr(name)} time="0">'
+            f"<system-out>{escape(str(stats.cases_by_property.get(prop, 0)))} cases</system-out>{body}</testcase>"
+        )
+    for i, problem in enumerate(problems):
+        cases.append(f'  <testcase classname="simdist.fuzz" name="campaign-{i}"><error message={quoteattr(problem[:2000])}/></testcase>')
+    errors = len(problems)
+    return (
+        '<?xml version="1.0" encoding="utf-8"?>\n'
+        f'<testsuite name="simdist-fuzz" tests="{len(cases)}" failures="{len(failed)}" errors="{errors}" '
+        f'time="{elapsed:.1f}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )

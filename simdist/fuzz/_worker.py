@@ -1,0 +1,230 @@
+"""The pytest plugin that turns one pytest process into a campaign worker.
+
+The campaign starts ``python -m pytest TARGET... -p simdist.fuzz._worker``
+with its settings in ``SIMDIST_FUZZ_*`` environment variables. pytest collects
+the target exactly as it would for a test run (conftest files, fixtures,
+assertion rewriting); this plugin then replaces the run loop: it runs every
+Hypothesis property again and again, each round with a fresh seed and a slice
+of examples sized to the time left, until the wall-clock deadline. Every test
+case is streamed to the campaign (through Hypothesis' observability hook) and
+every failure is written with its shrunk case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from ._database import resolve_database
+from ._events import EventWriter, worker_file
+from ._property import clear_failures, last_failure, spec_of
+
+ENV_FLAG = "SIMDIST_FUZZ_WORKER"
+# A round of one property aims at this many seconds, so the deadline is
+# checked often and every property gets its turn.
+_ROUND_SECONDS = 8.0
+_MIN_EXAMPLES, _MAX_EXAMPLES = 5, 1000
+
+
+@dataclass
+class _PropertyState:
+    nodeid: str
+    function: Any
+    base_settings: settings
+    cases: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    failed: bool = False
+
+    def examples_for(self, seconds_left: float, properties: int) -> int:
+        if self.cases == 0:
+            return 10
+        per_case = self.seconds / self.cases
+        share = min(_ROUND_SECONDS, max(0.5, seconds_left / max(1, properties)))
+        return int(min(_MAX_EXAMPLES, max(_MIN_EXAMPLES, share / max(per_case, 1e-4))))
+
+
+@dataclass
+class _Worker:
+    run_dir: Path
+    index: int
+    seed: int
+    deadline: float
+    started: float
+    stop_on_failure: bool
+    database: Any
+    events: EventWriter
+    current: str | None = None
+    current_cases: int = 0
+    call_failed: dict[str, str] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return round(time.time() - self.started, 3)
+
+
+_worker: _Worker | None = None
+
+
+def _marker(run_dir: Path, nodeid: str) -> Path:
+    return run_dir / f"failed-{hashlib.sha1(nodeid.encode()).hexdigest()[:16]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _worker
+    if os.environ.get(ENV_FLAG) != "1":
+        raise pytest.UsageError("simdist.fuzz._worker is started by `simdist fuzz`, not by hand")
+    env = os.environ
+    run_dir = Path(env["SIMDIST_FUZZ_RUN_DIR"])
+    index = int(env["SIMDIST_FUZZ_INDEX"])
+    _worker = _Worker(
+        run_dir=run_dir,
+        index=index,
+        seed=int(env["SIMDIST_FUZZ_SEED"]),
+        deadline=float(env["SIMDIST_FUZZ_DEADLINE"]),
+        started=float(env["SIMDIST_FUZZ_STARTED"]),
+        stop_on_failure=env.get("SIMDIST_FUZZ_STOP_ON_FAILURE") == "1",
+        database=resolve_database(env.get("SIMDIST_FUZZ_DATABASE")),
+        events=EventWriter(worker_file(run_dir, index)),
+    )
+    # Before collection, so properties decorated with their own @settings
+    # inherit the campaign's values for everything they do not set.
+    settings.register_profile(
+        "simdist-fuzz", deadline=None, derandomize=False, database=_worker.database,
+        suppress_health_check=list(HealthCheck), print_blob=False,
+    )
+    settings.load_profile("simdist-fuzz")
+    try:
+        from hypothesis.internal.observability import add_observability_callback
+    except ImportError:  # an older Hypothesis: no per-case stream, rounds still count
+        return
+    add_observability_callback(_observe)
+
+
+def _observe(observation: Any) -> None:
+    w = _worker
+    if w is None or getattr(observation, "type", None) != "test_case" or w.current is None:
+        return
+    w.current_cases += 1
+    features = {str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in observation.features.items()}
+    w.events.emit(
+        "case", p=w.current, s=observation.status, how=observation.how_generated,
+        f=features, sec=round(sum(observation.timing.values()), 6), t=w.elapsed(),
+    )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _worker is not None and report.failed:
+        _worker.call_failed[report.nodeid] = report.longreprtext
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool:
+    w = _worker
+    assert w is not None
+    if session.testsfailed:
+        w.events.emit("collect_error", count=session.testsfailed)
+        raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+    props: list[_PropertyState] = []
+    others: list[str] = []
+    for item in session.items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if getattr(fn, "is_hypothesis_test", False):
+            props.append(_PropertyState(item.nodeid, fn, fn._hypothesis_internal_use_settings))
+        else:
+            others.append(item.nodeid)
+    items = {item.nodeid: item for item in session.items}
+    w.events.emit("start", worker=w.index, pid=os.getpid(), properties=[p.nodeid for p in props],
+                  ignored=others, replayable=[p.nodeid for p in props if spec_of(p.function)])
+    if not props:
+        w.events.emit("done", reason="no properties")
+        return True
+    rng = random.Random(w.seed)
+    reason = "budget spent"
+    while True:
+        live = [p for p in props if not p.failed and not _marker(w.run_dir, p.nodeid).exists()]
+        if not live:
+            reason = "every property failed"
+            break
+        if (w.run_dir / "stop").exists():
+            reason = "stopped"
+            break
+        stop = False
+        for prop in live:
+            left = w.deadline - time.time()
+            # Every property gets one round however short the budget, so a
+            # campaign whose workers started slowly still checks something.
+            if (left <= 0 and prop.rounds > 0) or (w.run_dir / "stop").exists():
+                stop = True
+                break
+            _run_round(w, prop, items[prop.nodeid], rng, left, len(live))
+            if prop.failed and w.stop_on_failure:
+                (w.run_dir / "stop").touch()
+                reason = "stopped at the first failure"
+                stop = True
+                break
+        if stop:
+            if reason == "budget spent" and (w.run_dir / "stop").exists() and time.time() < w.deadline:
+                reason = "stopped"
+            break
+    w.events.emit("done", reason=reason)
+    return True
+
+
+def _run_round(w: _Worker, prop: _PropertyState, item: pytest.Item, rng: random.Random,
+               seconds_left: float, live: int) -> None:
+    examples = prop.examples_for(seconds_left, live)
+    seed = rng.getrandbits(64)
+    fn = prop.function
+    fn._hypothesis_internal_use_settings = settings(prop.base_settings, max_examples=examples)
+    fn._hypothesis_internal_use_seed = seed
+    clear_failures()
+    w.call_failed.pop(item.nodeid, None)
+    w.current, w.current_cases = prop.nodeid, 0
+    start = time.perf_counter()
+    try:
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
+    finally:
+        w.current = None
+    seconds = time.perf_counter() - start
+    prop.rounds += 1
+    prop.cases += max(1, w.current_cases)
+    prop.seconds += seconds
+    w.events.emit("round", p=prop.nodeid, seed=seed, examples=examples, cases=w.current_cases,
+                  sec=round(seconds, 3), t=w.elapsed())
+    longrepr = w.call_failed.get(item.nodeid)
+    if longrepr is None:
+        return
+    prop.failed = True
+    record = last_failure(fn)
+    marker = _marker(w.run_dir, prop.nodeid)
+    first = not marker.exists()
+    marker.touch()
+    w.events.emit(
+        "failure", p=prop.nodeid, seed=seed, t=w.elapsed(), first=first,
+        replayable=spec_of(fn) is not None,
+        case=record.case if record else None,
+        error_type=record.error_type if record else _error_type(longrepr),
+        error=record.error if record else "",
+        report=longrepr[-20000:],
+    )
+
+
+def _error_type(longrepr: str) -> str:
+    for line in reversed(longrepr.splitlines()):
+        if line.startswith("E   ") and ":" in line:
+            return line[4:].split(":", 1)[0].strip()
+    return "failure"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _worker is not None:
+        _worker.events.close()
+
