@@ -46,12 +46,16 @@ def deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone: 
     parts = ["every live rank is waiting and no pending call can complete"] if all_wait else []
     cycle = find_cycle(graph, set(deadlocked))
     if cycle:
-        parts.append("ranks wait for each other in a cycle: " + " -> ".join(map(str, cycle + cycle[:1])))
+        parts.append(f"rank(s) {sorted(cycle)} wait for each other in a cycle: "
+                     + " -> ".join(map(str, cycle + cycle[:1])))
+    if all_wait:
+        return "deadlock: " + "; ".join(parts)  # each rank's line below says the rest
     if on_gone:
         parts.append(f"rank(s) {on_gone} wait on a peer that has already finished or failed")
-    if not parts:
-        parts.append("no pending call can complete, whatever the running ranks do")
-    return f"deadlock of rank(s) {sorted(deadlocked)}: " + "; ".join(parts)
+    rest = sorted(set(deadlocked) - set(cycle) - set(on_gone))
+    if rest:
+        parts.append(f"rank(s) {rest} can never complete either, whatever the running ranks do")
+    return "deadlock: " + "; ".join(parts)
 
 
 def reachable(graph: dict[int, list[int]], start: int, within: set[int]) -> list[int]:

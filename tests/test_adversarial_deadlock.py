@@ -54,7 +54,7 @@ def test_partial_deadlock_is_reported_while_others_run(clean_world: None) -> Non
         simdist.run(partial_cycle_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT,
                     args=(threading.Event(),))
     message = str(info.value)
-    assert message.startswith("deadlock of rank(s) [0, 1]: ranks wait for each other in a cycle: 0 -> 1 -> 0")
+    assert message.startswith("deadlock: rank(s) [0, 1] wait for each other in a cycle: 0 -> 1 -> 0")
     assert "rank 0 (tp=0 cp=0 dp=0 pp=0): waiting in send to rank 1 (tag 0)" in message
     assert "rank 1 (tp=1 cp=0 dp=0 pp=0): waiting in send to rank 0 (tag 0)" in message
     assert "test_adversarial_deadlock.py" in message  # the user's call sites
@@ -77,8 +77,8 @@ def test_catch_and_retry_cannot_turn_a_deadlock_into_a_timeout(clean_world: None
     with pytest.raises(simdist.DeadlockError) as info:
         simdist.run(retry_forever_body, world_size=2, timeout=1.0)
     message = str(info.value)
-    assert message.startswith("deadlock of rank(s) [0, 1]: every live rank is waiting")
-    assert "cycle: 0 -> 1 -> 0" in message
+    assert message.startswith("deadlock: every live rank is waiting")
+    assert "rank(s) [0, 1] wait for each other in a cycle: 0 -> 1 -> 0" in message
     # The watchdog ended the retry loop; the report says so after the deadlock.
     assert "afterwards the watchdog fired" in message
 
