@@ -141,6 +141,8 @@ def mixed_dtype_call(op: str, n: int) -> None:
         dist.gather(torch.ones(K, dtype=f32), [torch.zeros(K, dtype=f64) for _ in range(n)], dst=dist.get_rank())
     elif op == "scatter":
         dist.scatter(torch.zeros(K, dtype=f32), [torch.ones(K, dtype=f64) for _ in range(n)], src=dist.get_rank())
+    elif op == "all_to_all_single":
+        dist.all_to_all_single(torch.zeros(n * K, dtype=f64), torch.ones(n * K, dtype=f32))
     elif op == "all_to_all":
         dist.all_to_all([torch.zeros(K, dtype=f64) for _ in range(n)], [torch.ones(K, dtype=f32) for _ in range(n)])
     else:
@@ -153,7 +155,7 @@ def mixed_dtype_body(ctx: simdist.RankContext, op: str) -> None:
 
 @pytest.mark.parametrize(
     "op", ["all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "reduce_scatter",
-           "gather", "scatter", "all_to_all"],
+           "gather", "scatter", "all_to_all", "all_to_all_single"],
 )
 def test_outputs_and_inputs_of_different_dtypes_are_refused(op: str) -> None:
     # gather and scatter run on one rank (its own root), so the error is its alone.
