@@ -7,6 +7,7 @@
 from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
 from .errors import (
+    BufferOverlapError,
     CollectiveMismatchError,
     DeadlockError,
     PeerFailedError,
@@ -23,6 +24,7 @@ from .retry import RetryOutcome, run_with_retry
 from .world import run
 
 __all__ = [
+    "BufferOverlapError",
     "CollectiveMismatchError",
     "CommCount",
     "CommStats",

@@ -68,9 +68,9 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 
 def _one(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     if len(tensors) != 1:
-        raise UnsupportedOperationError(
+        raise _refused(UnsupportedOperationError(
             f"{op}: simdist takes one tensor per rank per call, got {len(tensors)}"
-        )
+        ))
     return tensors[0]
 
 
@@ -141,13 +141,16 @@ class SimProcessGroup(dist.ProcessGroup):
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
-        return check_reduce_op(opts.reduceOp, dtype, op)
+        try:
+            return check_reduce_op(opts.reduceOp, dtype, op)
+        except UnsupportedOperationError as exc:
+            raise _refused(exc)
 
     # -- collectives ----------------------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         t = _one(tensors, "all_reduce")
-        red = check_reduce_op((opts or dist.AllreduceOptions()).reduceOp, t.dtype, "all_reduce")
+        red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         model, key = self._world.reduction, f"{self._info.name}/{self._seq}"
 
         def complete(calls: list[Call]) -> None:
@@ -162,7 +165,7 @@ class SimProcessGroup(dist.ProcessGroup):
         )
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
-        red = check_reduce_op(opts.reduceOp, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
+        red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         model, key = self._world.reduction, f"{self._info.name}/{self._seq}"
 
         def complete(calls: list[Call]) -> None:
@@ -212,6 +215,8 @@ class SimProcessGroup(dist.ProcessGroup):
         n = self.size()
         if len(outs) != n:
             raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors, expected group size {n}")
+        for j, o in enumerate(outs):
+            _same_dtype("all_gather", f"tensor_list[{j}]", o, "tensor", t)
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -223,13 +228,14 @@ class SimProcessGroup(dist.ProcessGroup):
                             f"all_gather: rank {c.rank}'s tensor_list[{j}] has shape "
                             f"{list(o.shape)} but rank {ranks[j]} contributed {list(src.shape)}"
                         )
-                    o.copy_(src)
+                    C.copy_into(o, src)
 
         return self._collective("all_gather", (("dtype", t.dtype),),
                                 {"t": t, "outs": outs}, complete, outs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         n = self.size()
+        _same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         if output.numel() != n * input.numel():
             raise ValueError(
                 f"all_gather_into_tensor: output_tensor has {output.numel()} elements, expected "
@@ -238,9 +244,14 @@ class SimProcessGroup(dist.ProcessGroup):
         out_flat = C.flat(output, "all_gather_into_tensor output_tensor")
 
         def complete(calls: list[Call]) -> None:
+            # Slot by slot: a rank's input may be its own slot of the output
+            # (FSDP2 gathers in place), which torch.cat(out=) refuses.
             srcs = [C.flat(c.payload["in"], "all_gather_into_tensor input_tensor") for c in calls]
+            k = srcs[0].numel()
             for c in calls:
-                torch.cat(srcs, out=c.payload["out_flat"])
+                out = c.payload["out_flat"]
+                for j, src in enumerate(srcs):
+                    C.copy_into(out.narrow(0, j * k, k), src)
 
         return self._collective("all_gather_into_tensor", (("shape", _shape(input)), ("dtype", input.dtype)),
                                 {"in": input, "out_flat": out_flat}, complete, [output])
@@ -262,6 +273,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if len(ins) != n:
             raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors, expected group size {n}")
         for i, x in enumerate(ins):
+            _same_dtype("reduce_scatter", "output", out, f"input_list[{i}]", x)
             if x.shape != out.shape:
                 raise ValueError(
                     f"reduce_scatter: input_list[{i}] has shape {list(x.shape)}, "
@@ -279,6 +291,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         n = self.size()
+        _same_dtype("reduce_scatter_tensor", "output", output, "input", input)
         if input.numel() != n * output.numel():
             raise ValueError(
                 f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
@@ -318,6 +331,8 @@ class SimProcessGroup(dist.ProcessGroup):
             outs = list(_one(output_lists, "gather"))  # type: ignore[arg-type]
             if len(outs) != self.size():
                 raise ValueError(f"gather: gather_list has {len(outs)} tensors, expected group size {self.size()}")
+            for j, o in enumerate(outs):
+                _same_dtype("gather", f"gather_list[{j}]", o, "tensor", t)
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -328,7 +343,7 @@ class SimProcessGroup(dist.ProcessGroup):
                         f"gather: root's gather_list[{j}] has shape {list(o.shape)} but rank "
                         f"{ranks[j]} contributed {list(src.shape)}"
                     )
-                o.copy_(src)
+                C.copy_into(o, src)
 
         return self._collective("gather", (("dtype", t.dtype), ("root", root)),
                                 {"t": t, "outs": outs}, complete, outs)
@@ -343,6 +358,8 @@ class SimProcessGroup(dist.ProcessGroup):
             ins = list(_one(input_lists, "scatter"))  # type: ignore[arg-type]
             if len(ins) != self.size():
                 raise ValueError(f"scatter: scatter_list has {len(ins)} tensors, expected group size {self.size()}")
+            for j, x in enumerate(ins):
+                _same_dtype("scatter", "tensor", out, f"scatter_list[{j}]", x)
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -354,7 +371,7 @@ class SimProcessGroup(dist.ProcessGroup):
                         f"scatter: rank {ranks[j]}'s output has shape {list(o.shape)} but the "
                         f"root's scatter_list[{j}] has shape {list(src[j].shape)}"
                     )
-                o.copy_(src[j])
+                C.copy_into(o, src[j])
 
         return self._collective("scatter", (("dtype", out.dtype), ("root", root)),
                                 {"out": out, "ins": ins}, complete, [out])
@@ -367,6 +384,9 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"all_to_all: expected {n} output and input tensors (the group size), "
                 f"got {len(outputs)} and {len(inputs)}"
             )
+        for i, t in enumerate(list(outputs) + list(inputs)):
+            what = f"output_tensor_list[{i}]" if i < n else f"input_tensor_list[{i - n}]"
+            _same_dtype("all_to_all", what, t, "input_tensor_list[0]", inputs[0])
         ranks = self.info.ranks
 
         def complete(calls: list[Call]) -> None:
@@ -434,16 +454,16 @@ class SimProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "recv")
         info = self.info
         peer = self._peer(src, "recv", "src")
-        op = P2POp("recv", info, peer, self._global_rank, tag, t.detach(), stacks.call_site(2))
+        op = P2POp("recv", info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
         self._world.before_p2p(op)
         self._scheduler.post_p2p(op, _deliver)
         return SimWork(self._scheduler, self._global_rank, op, [t])
 
     def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> SimWork:
-        raise UnsupportedOperationError(
+        raise _refused(UnsupportedOperationError(
             "recv without src (any source) is not supported by simdist: its match would "
             "depend on thread timing; pass src="
-        )
+        ))
 
     def _peer(self, group_rank: int, op: str, arg: str) -> int:
         if not 0 <= group_rank < self.size():
@@ -455,13 +475,25 @@ class SimProcessGroup(dist.ProcessGroup):
     # -- things a simulated communicator does not have ------------------------------
 
     def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
-        raise UnsupportedOperationError("all_gather_coalesced (deprecated in torch) is not supported by simdist")
+        raise _refused(UnsupportedOperationError(
+            "all_gather_coalesced (deprecated in torch) is not supported by simdist"))
 
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
-        raise UnsupportedOperationError("monitored_barrier is not supported by simdist; use barrier()")
+        raise _refused(UnsupportedOperationError(
+            "monitored_barrier is not supported by simdist; use barrier()"))
 
     def _start_coalescing(self, device: Any) -> None:
-        raise UnsupportedOperationError("coalescing managers are not supported by simdist")
+        raise _refused(UnsupportedOperationError("coalescing managers are not supported by simdist"))
+
+
+def _same_dtype(op: str, name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """gloo and NCCL refuse outputs and inputs of different dtypes; so does simdist
+    (a silent cast would pass a test that fails on a cluster)."""
+    if a.dtype != b.dtype:
+        raise ValueError(
+            f"{op}: {name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}; real "
+            f"backends (gloo, NCCL) refuse mixed dtypes: cast one of them"
+        )
 
 
 def _detached(payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -469,17 +501,20 @@ def _detached(payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     is an inference tensor.
 
     A real backend writes results straight into the tensors' memory, unseen by
-    autograd: a Parameter can be broadcast into, a non-leaf keeps its grad_fn.
-    Detached aliases share that memory but not the autograd history.
+    autograd: a Parameter can be broadcast into, a non-leaf keeps its grad_fn,
+    and the version counter does not move (a tensor saved for backward and then
+    all-reduced still backpropagates, as on gloo). ``.data`` aliases share that
+    memory but neither the autograd history nor the version counter
+    (``detach()`` would share the counter).
     """
     out: dict[str, Any] = {}
     inference = False
     for key, value in payload.items():
         if isinstance(value, torch.Tensor):
-            out[key] = value.detach()
+            out[key] = value.data
             inference = inference or value.is_inference()
         elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-            out[key] = [t.detach() for t in value]
+            out[key] = [t.data for t in value]
             inference = inference or any(t.is_inference() for t in value)
         else:
             out[key] = value
@@ -556,6 +591,16 @@ class WorldHooks:
 # -- registration with c10d ---------------------------------------------------------
 
 _current = threading.local()
+
+
+def _refused(error: BaseException) -> BaseException:
+    """Note a call simdist cannot model at world level, so that a body that
+    catches the error (and falls back) still fails the run: its results would
+    not be what a real backend gives."""
+    world = getattr(_current, "world", None)
+    if world is not None:
+        world.scheduler.record(_current.rank, error)
+    return error
 
 
 def current_world() -> tuple["WorldHooks", int]:

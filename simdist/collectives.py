@@ -32,6 +32,14 @@ def reduce_into(
         model.reduce_into(out, inputs, op, key)
 
 
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``, where ``src`` may be ``dst`` itself (an in-place
+    collective: the input is this rank's slot of the output)."""
+    if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride() and src.shape == dst.shape:
+        return
+    dst.copy_(src)
+
+
 def flat(t: torch.Tensor, what: str) -> torch.Tensor:
     if not t.is_contiguous():
         raise ValueError(f"{what} must be contiguous, got a tensor with strides {t.stride()}")

@@ -45,6 +45,11 @@ class CollectiveMismatchError(SimulationError):
     """Members of a group met at the same sequence number with different calls."""
 
 
+class BufferOverlapError(SimulationError):
+    """Members of one collective passed buffers that share memory (possible
+    only between threads; never on a cluster)."""
+
+
 class SimulationTimeout(SimulationError):
     """The run's watchdog expired while ranks were still running."""
 

@@ -20,6 +20,12 @@ from .layout import AXES, COMPOSITE_AXES, Layout
 
 KINDS = ("crash", "timeout", "abort", "corrupt", "delay")
 CORRUPT_MODES = ("nan", "inf", "sign", "bitflip")
+# The op names simdist's process group records (what a fault's ``op`` matches).
+OPS = (
+    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
+    "all_to_all", "all_to_all_single", "barrier", "send", "recv",
+)
 _GROUP_AXES = AXES + tuple(COMPOSITE_AXES) + ("world",)
 
 # What a real NCCL watchdog timeout or communicator abort raises.
@@ -50,6 +56,11 @@ class Fault:
         for axis, index in self.where:
             if axis not in AXES or not isinstance(index, int) or index < 0:
                 raise ValueError(f"fault coordinates must be axis=index with axis in {AXES}, got {axis}={index!r}")
+        if self.op is not None and self.op not in OPS:
+            raise ValueError(f"fault op must be one of {OPS} (or None for any op), got {self.op!r}")
+        if self.kind == "corrupt" and self.op in ("barrier", "recv"):
+            raise ValueError(f"a corrupt fault needs a call that sends data; {self.op!r} sends none "
+                             f"(corrupt the matching send instead)")
         if self.group is not None and self.group not in _GROUP_AXES:
             raise ValueError(f"fault group must be one of {_GROUP_AXES}, got {self.group!r}")
         if not isinstance(self.nth, int) or self.nth < 1:
@@ -58,7 +69,7 @@ class Fault:
             raise ValueError(f"fault seq must be a non-negative int, got {self.seq!r}")
         if self.mode not in CORRUPT_MODES:
             raise ValueError(f"corrupt mode must be one of {CORRUPT_MODES}, got {self.mode!r}")
-        if not self.seconds >= 0:
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not self.seconds >= 0:
             raise ValueError(f"delay seconds must be >= 0, got {self.seconds!r}")
 
     def check_world(self, layout: Layout | None, world_size: int) -> None:
@@ -158,6 +169,8 @@ class FaultPlan:
         """``count`` faults drawn deterministically from ``seed``."""
         rng = random.Random(seed)
         kinds, ops = tuple(kinds), tuple(ops)
+        if not kinds or not ops:
+            raise ValueError(f"FaultPlan.random needs at least one kind and one op, got kinds={kinds} ops={ops}")
         size = world.world_size if isinstance(world, Layout) else int(world)
         faults = tuple(
             Fault(rng.choice(kinds), rank=rng.randrange(size), op=rng.choice(ops),
@@ -193,7 +206,9 @@ def corrupt_(t: torch.Tensor, mode: str) -> None:
     """Damage the first element of ``t`` in place."""
     if t.numel() == 0:
         return
-    first = t.view(-1)[:1] if t.is_contiguous() else t.reshape(-1)[:1]
+    # A one-element view of element [0, ..., 0] whatever the strides
+    # (reshape would copy a non-contiguous tensor, and the damage would be lost).
+    first = t.as_strided((1,), (1,))
     if mode in ("nan", "inf"):
         if not t.dtype.is_floating_point:
             raise UnsupportedOperationError(f"corrupt mode {mode!r} needs a floating tensor, got {t.dtype}")

@@ -148,13 +148,13 @@ def run_processes(
             )
             proc.start()
             procs[rank] = proc
-        killed, timed_out = _wait_for_world(procs, timeout)
+        killed, timed_out, exited_at = _wait_for_world(procs, timeout)
         outcomes = {rank: _read_outcome(workdir, rank) for rank in range(size)}
         exitcodes = {rank: procs[rank].exitcode for rank in range(size)}
     finally:
         _kill_all(procs.values())
         shutil.rmtree(workdir, ignore_errors=True)
-    return _collect(outcomes, exitcodes, killed, timed_out, timeout)
+    return _collect(outcomes, exitcodes, killed, timed_out, timeout, exited_at)
 
 
 def _check_world(layout: Layout | None, world_size: int | None) -> int:
@@ -234,8 +234,9 @@ def _choose_start_method(start_method: str | None) -> str:
 
 def _wait_for_world(
     procs: dict[int, multiprocessing.process.BaseProcess], timeout: float
-) -> tuple[list[int], bool]:
-    """Wait until every rank exits; return (ranks killed, whether time ran out).
+) -> tuple[list[int], bool, dict[int, float]]:
+    """Wait until every rank exits; return (ranks killed, whether time ran out,
+    when each rank that exited on its own was seen to exit, in time.time()).
 
     Once one rank has exited badly, the others get a short grace period to
     finish or report, then are killed: peers blocked in a collective with a
@@ -244,6 +245,7 @@ def _wait_for_world(
     deadline = time.monotonic() + timeout
     pending = dict(procs)
     failed_at: float | None = None
+    exited_at: dict[int, float] = {}
     while pending:
         limit = deadline if failed_at is None else min(deadline, failed_at + _FAILURE_GRACE_S)
         remaining = limit - time.monotonic()
@@ -254,12 +256,13 @@ def _wait_for_world(
             rank = sentinels[sentinel]  # type: ignore[index]
             proc = pending.pop(rank)
             proc.join()
+            exited_at[rank] = time.time()
             if proc.exitcode != 0 and failed_at is None:
                 failed_at = time.monotonic()
     killed = sorted(pending)
     timed_out = bool(killed) and failed_at is None
     _kill_all(pending.values())
-    return killed, timed_out
+    return killed, timed_out, exited_at
 
 
 def _kill_all(procs: Any) -> None:
@@ -301,53 +304,69 @@ def _collect(
     killed: list[int],
     timed_out: bool,
     timeout: float,
+    exited_at: dict[int, float] | None = None,
 ) -> list[Any]:
+    """Results, or one error that names the rank that went down first.
+
+    A rank's own exception or a crash (an exit without an outcome) is a
+    failure; a transport error (a peer's connection closed) is a consequence
+    of one whenever there is one, and is reported as released.
+    """
     if all(o is not None and o.ok for o in outcomes.values()):
         return [outcomes[rank].value for rank in sorted(outcomes)]  # type: ignore[union-attr]
-
-    errors = sorted(
-        ((rank, o) for rank, o in outcomes.items() if o is not None and not o.ok),
-        key=lambda item: (item[1].at, item[0]),
-    )
+    exited_at = exited_at or {}
+    errors = {rank: o for rank, o in outcomes.items() if o is not None and not o.ok}
     # Ranks that exited without an outcome and were not killed by us crashed
     # (segfault, os._exit, out of memory): that is a failure of their own.
     crashed = sorted(r for r, o in outcomes.items() if o is None and r not in killed)
     if timed_out and not errors and not crashed:
-        done = sorted(r for r, o in outcomes.items() if o is not None)
+        running = [r for r in killed if outcomes[r] is None]
+        returned = sorted(r for r, o in outcomes.items() if o is not None and o.ok)
+        parts = [f"ranks {running} were still running their body"] if running else []
+        if returned:
+            parts.append(f"ranks {returned} had returned (any still waiting for their peers to finish "
+                         f"were killed too)")
         raise SimulationTimeout(
-            f"the world did not finish within timeout={timeout}s: ranks {killed} were still "
-            f"running and have been killed"
-            + (f" (ranks {done} had finished)" if done else "")
+            f"the world did not finish within timeout={timeout}s: " + "; ".join(parts)
+            + f"; every process has been killed"
         )
+
+    own = {r: o for r, o in errors.items() if not o.is_transport_error}
+    transport = {r: o for r, o in errors.items() if o.is_transport_error}
+    when: dict[int, float] = {r: o.at for r, o in own.items()}
+    when.update({r: exited_at.get(r, math.inf) for r in crashed})
+    if not when:  # only transport errors: the earliest one is all we know
+        first_transport = min(transport, key=lambda r: (transport[r].at, r))
+        own = {first_transport: transport.pop(first_transport)}
+        when = {first_transport: own[first_transport].at}
+    order = sorted(when, key=lambda r: (when[r], r))
 
     failures: dict[int, BaseException] = {}
-    released: list[int] = list(killed)
     lines: list[str] = []
-    for index, (rank, outcome) in enumerate(errors):
-        if index > 0 and outcome.is_transport_error:
-            released.append(rank)
-            continue
-        failures[rank] = _rebuild_exception(outcome)
-        lines.append(f"rank {rank} raised {outcome.type_name}: {outcome.message}")
-    for rank in crashed:
-        why = (
-            f"rank {rank} exited with code {exitcodes[rank]} without reporting a result: it "
-            f"crashed, was killed by the OS, or failed while starting (its stderr says why; "
-            f"a script that launches worlds needs an `if __name__ == \"__main__\":` guard)"
-        )
-        failures[rank] = RemoteError(why)
-        lines.append(why)
-
-    first_rank = errors[0][0] if errors else crashed[0]
+    for rank in order:
+        if rank in own:
+            outcome = own[rank]
+            failures[rank] = _rebuild_exception(outcome)
+            lines.append(f"rank {rank} raised {outcome.type_name}: {outcome.message}")
+        else:
+            why = (
+                f"rank {rank} exited with code {exitcodes[rank]}, no traceback: it crashed, was "
+                f"killed by the OS, or failed while starting (its stderr says why; a script "
+                f"that launches worlds needs an `if __name__ == \"__main__\":` guard)"
+            )
+            failures[rank] = RemoteError(why)
+            lines.append(why)
+    released = sorted(set(killed) | set(transport))
+    first_rank = order[0]
     message = "; ".join(lines)
     if released:
         message += (
             f". Released after the failure (killed, or torch.distributed errors that "
-            f"followed it): ranks {sorted(released)}"
+            f"followed it): ranks {released}"
         )
-    if errors:
-        message += f"\n\nTraceback of rank {first_rank}:\n{errors[0][1].traceback_text}"
-    error = RankError(message, failures, released=sorted(released))
+    if first_rank in own:
+        message += f"\n\nTraceback of rank {first_rank}:\n{own[first_rank].traceback_text}"
+    error = RankError(message, failures, released=released)
     raise error from failures[first_rank]
 
 

@@ -2,10 +2,15 @@
 
 One lock guards the whole world's matching state, so the scheduler always knows
 every rank's state (running, waiting on what, finished, failed). That makes
-deadlock detection exact: the moment every live rank waits and nothing can
-complete, or a rank waits on a peer that has finished, the world is aborted
-with a report instead of hanging. Every blocking wait is a bounded poll too, so
-an abort, a failure elsewhere or the watchdog always reaches a waiting rank.
+deadlock detection exact: ranks wait for ranks (a collective for the members
+that have not joined, a send for its receiver), and a waiting rank can complete
+only if every rank it needs is running or can itself complete. The waiting
+ranks outside that set form a closed set nothing can ever wake: those blocked
+(transitively) on a failed rank are released with ``PeerFailedError``, the
+others are deadlocked and get ``DeadlockError``; ranks still running are left
+alone. Which ranks are released therefore depends only on what each rank
+waits for, never on thread timing. Every blocking wait is a bounded poll too,
+so the watchdog always reaches a waiting rank.
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ from typing import Any, Callable, Sequence
 
 from .errors import DeadlockError, PeerFailedError, SimulationError
 from . import stacks
+from .waitfor import cannot_complete, deadlock_headline, on_cycle, reachable
 
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
 # explicit; this only bounds a lost wake-up.
 _POLL_S = 0.5
+# A rank that waits on ranks that are themselves waiting looks for a closed set
+# after this long, not at once: most such waits end sooner (the peer's own
+# collective completes), and the graph walk would cost more than the handoff.
+# Exactness is unaffected: a closed set never opens again.
+_SETTLE_AFTER_S = 0.02
+_MAX_RECORDED = 1000
 
 
 class RankState(enum.Enum):
@@ -150,6 +162,36 @@ class _RankSlot:
     waiting_on: Waitable | None = None
     thread_id: int | None = None
     parker: _Parker = field(default_factory=_Parker)
+    # An error for this rank alone (a deadlock it is part of, a failed peer it
+    # waits on), raised by its current or next wait.
+    interrupt: BaseException | None = None
+    # For a rank that has left: the rank whose failure it was or passed on
+    # (itself when it failed on its own), or None when it finished.
+    root_failure: int | None = None
+    failure: str = ""  # "Type: message" of a rank that failed on its own
+
+
+def consequence_origin(exc: BaseException, rank: int) -> int | None:
+    """The failed rank ``exc`` is a consequence of, or None when ``rank``
+    raised it on its own.
+
+    simdist marks the errors it delivers because of another rank
+    (``PeerFailedError``, a communicator aborted elsewhere) with
+    ``simdist_origin``; a body may wrap them (``raise X from err``) or raise
+    while handling them, so the whole cause/context chain is searched.
+    """
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        origin = getattr(e, "simdist_origin", None)
+        if origin is not None and origin != rank:
+            return origin
+        todo += [e.__cause__, e.__context__]
+    return None
 
 
 class Scheduler:
@@ -177,12 +219,21 @@ class Scheduler:
         # P2P channels: (group name, src, dst, tag) -> unmatched sends / recvs.
         self._sends: dict[tuple[str, int, int, int], deque[P2POp]] = {}
         self._recvs: dict[tuple[str, int, int, int], deque[P2POp]] = {}
+        # A world-wide abort (watchdog, Ctrl-C): every wait raises it.
         self._abort: BaseException | None = None
+        self._abort_event = threading.Event()
         # Aborted communicators: checked under the lock, so a call entering an
         # aborted group can never start a pending call nobody will complete.
         self._aborted_groups: dict[str, BaseException] = {}
-        self.first_failure: tuple[int, BaseException] | None = None
+        # Ranks that raised out of their body because of another rank's failure.
         self.released: set[int] = set()
+        # simdist errors raised inside ranks (deadlocks, mismatches, injected
+        # crashes), in the order they happened: run() reports them even when
+        # every rank caught them.
+        self.recorded: list[tuple[int, BaseException]] = []
+        self.deadlock: DeadlockError | None = None
+        # Set once the run is over: any later call on this world raises this.
+        self.closed: str | None = None
 
     # -- rank lifecycle ---------------------------------------------------
 
@@ -194,27 +245,49 @@ class Scheduler:
             self._leave(rank, RankState.FINISHED)
 
     def rank_failed(self, rank: int, exc: BaseException) -> None:
+        """``rank`` raised out of its body: released if ``exc`` is (or was
+        raised while handling) a consequence of another rank's failure, else
+        a failure of its own. Only ranks that wait on it are affected."""
+        origin = consequence_origin(exc, rank)
         with self._lock:
-            # Only a rank woken by a peer's failure is "released"; anything else
-            # it raised (its own bad call, a deadlock report) is its failure.
-            if isinstance(exc, PeerFailedError):
+            if origin is not None:
                 self.released.add(rank)
-            elif self.first_failure is None:
-                self.first_failure = (rank, exc)
-            if self._abort is None:
-                self._abort_locked(
-                    PeerFailedError(
-                        f"released: rank {rank} ({self._describe_rank(rank)}) failed with "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                )
+                root = self._slots[origin].root_failure
+                self._slots[rank].root_failure = origin if root is None else root
+            else:
+                self._slots[rank].root_failure = rank
+                self._slots[rank].failure = f"{type(exc).__name__}: {exc}"
             self._leave(rank, RankState.FAILED)
+
+    def record(self, rank: int, error: BaseException) -> None:
+        """Note a simdist error raised inside ``rank`` (it may be caught there)."""
+        with self._lock:
+            self._record_locked(rank, error)
+
+    def _record_locked(self, rank: int, error: BaseException) -> None:
+        # Only the first errors matter to the outcome; a body that catches and
+        # retries forever must not grow this without bound.
+        if len(self.recorded) < _MAX_RECORDED:
+            self.recorded.append((rank, error))
 
     def abort(self, error: BaseException) -> None:
         """Abort the world (watchdog, external): every wait raises ``error``."""
         with self._lock:
             if self._abort is None:
                 self._abort_locked(error)
+
+    def close(self, error: BaseException) -> None:
+        """The run is over: every later call or wait on this world raises ``error``."""
+        with self._lock:
+            self.closed = str(error)
+            if self._abort is None:
+                self._abort_locked(error)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep in a rank (a ``delay`` fault); an abort cuts it short."""
+        if self._abort_event.wait(seconds):
+            with self._lock:
+                raise _copy_error(self._abort)  # type: ignore[arg-type]
 
     @property
     def aborted(self) -> BaseException | None:
@@ -236,8 +309,9 @@ class Scheduler:
         slot.state = state
         self._gone.add(rank)
         slot.waiting_on = None
+        slot.interrupt = None
         self._pass_baton_locked()
-        self._check_deadlock_locked()
+        self._settle_locked(None)
 
     # -- collectives ------------------------------------------------------
 
@@ -277,6 +351,9 @@ class Scheduler:
         except BaseException as exc:  # delivered to every member
             error = exc
         with self._lock:
+            if isinstance(error, SimulationError):
+                for r in group.ranks:
+                    self._record_locked(r, error)
             pending.error = error
             pending.done = True
             self._on_done(pending)
@@ -301,7 +378,6 @@ class Scheduler:
             queue = theirs.get(key)
             if not queue:
                 mine.setdefault(key, deque()).append(op)
-                self._check_deadlock_locked()
                 return
             other = queue.popleft()
             send, recv = (op, other) if op.kind == "send" else (other, op)
@@ -309,6 +385,9 @@ class Scheduler:
                 deliver(send, recv)
             except BaseException as exc:
                 send.error = recv.error = exc
+                if isinstance(exc, SimulationError):
+                    self._record_locked(send.src, exc)
+                    self._record_locked(recv.dst, exc)
             send.done = recv.done = True
             self._on_done(send)
             self._on_done(recv)
@@ -336,8 +415,12 @@ class Scheduler:
     def wait(self, rank: int, waitable: Waitable) -> None:
         """Block ``rank`` until ``waitable`` is done; raise its error if any."""
         slot = self._slots[rank]
+        settle_pending = False
         while True:
             with self._lock:
+                if slot.interrupt is not None:
+                    error, slot.interrupt = slot.interrupt, None
+                    raise error
                 if waitable.done:
                     if slot.state is RankState.WAITING:
                         slot.state = RankState.RUNNING
@@ -346,15 +429,20 @@ class Scheduler:
                     break
                 if self._abort is not None:
                     self._raise_if_aborted(rank)
-                if slot.state is RankState.RUNNING:
+                if settle_pending:
+                    settle_pending = False
+                    self._settle_locked(rank, defer=False)
+                    if slot.interrupt is not None:
+                        continue
+                elif slot.state is RankState.RUNNING:
                     slot.state = RankState.WAITING
                     slot.waiting_on = waitable
                     self._running -= 1
-                    self._check_deadlock_locked()
-                    if self._abort is not None:
-                        continue  # the check above aborted: raise on the next pass
+                    settle_pending = self._settle_locked(rank, defer=True)
+                    if slot.interrupt is not None:
+                        continue  # this rank can never complete: raise on the next pass
                     self._pass_baton_locked()
-            slot.parker.park(_POLL_S)
+            slot.parker.park(_SETTLE_AFTER_S if settle_pending else _POLL_S)
         if waitable.error is not None:
             raise _copy_error(waitable.error)
 
@@ -394,34 +482,120 @@ class Scheduler:
 
     def _abort_locked(self, error: BaseException) -> None:
         self._abort = error
+        self._abort_event.set()
         for slot in self._slots:
             slot.parker.unpark()
 
     # -- deadlock detection -----------------------------------------------
 
-    def _check_deadlock_locked(self) -> None:
-        # Runs on every state change, so the common case (someone still running,
-        # nobody gone) must be O(1).
-        if self._abort is not None or (self._running > 0 and not self._gone):
-            return
-        waiting = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
-        if not waiting:
-            return
-        gone = self._gone
-        stuck_on_gone = [
-            r for r in waiting
-            if any(p in gone for p in self._slots[r].waiting_on.needed_ranks())  # type: ignore[union-attr]
-        ]
-        if self._running > 0 and not stuck_on_gone:
-            return
-        reason = (
-            "every live rank is waiting and no pending call can complete"
-            if self._running == 0
-            else "rank(s) {} wait on a peer that has already {}".format(
-                stuck_on_gone, "finished or failed"
+    def _settle_locked(self, trigger: int | None, defer: bool = False) -> bool:
+        """Find the waiting ranks that can never complete; interrupt each.
+
+        ``trigger`` is a rank that has just started waiting (only a closed set
+        containing it can be new), or None after a rank left. With ``defer``,
+        a walk of the graph is not done now: returns True when it is needed
+        (the caller runs it again shortly, if ``trigger`` still waits).
+        """
+        slots = self._slots
+        if self._abort is not None:
+            return False
+        if trigger is not None:
+            # The common case, kept O(group size): every rank it needs runs.
+            needed = slots[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]
+            if all(slots[p].state is RankState.RUNNING for p in needed):
+                return False
+            # A peer that has left: certain at once, no walk needed to know it.
+            if defer and not any(p in self._gone for p in needed):
+                return True
+            graph = self._waiting_graph_from(trigger)
+        elif self.world_size - self._running - len(self._gone) == 0:
+            return False  # nobody waits
+        else:
+            graph = {
+                r: list(s.waiting_on.needed_ranks())  # type: ignore[union-attr]
+                for r, s in enumerate(slots) if s.state is RankState.WAITING
+            }
+        stuck = cannot_complete(graph, lambda r: slots[r].state is RankState.RUNNING)
+        if not stuck:
+            return False
+        roots = self._failed_roots(graph, stuck)
+        why = {r: f"which failed with {slots[roots[r]].failure}" for r in stuck if roots[r] is not None}
+        deadlocked = {r for r in stuck if roots[r] is None}
+        # The core of a deadlock (ranks on a cycle, or waiting on a rank that
+        # has finished) is the same whatever the timing; ranks that merely
+        # wait on the core are released by it, as they would be had they
+        # arrived after the core was reported.
+        core = sorted(r for r in deadlocked
+                      if on_cycle(graph, r, deadlocked) or any(p in self._gone for p in graph[r]))
+        for r in sorted(deadlocked - set(core)):
+            roots[r] = next(c for c in reachable(graph, r, deadlocked) if c in core)
+            why[r] = "which is deadlocked"
+        if core:
+            headline = deadlock_headline(graph, core, self._gone, all_wait=self._running == 0)
+            error = DeadlockError(self.report(headline))
+            if self.deadlock is None:
+                self.deadlock = error
+            for r in core:
+                self._record_locked(r, error)
+                self._interrupt_locked(r, _copy_error(error))
+        for r in sorted(why):
+            root = roots[r]
+            assert root is not None
+            released = PeerFailedError(
+                f"released: rank {r} ({self._describe_rank(r)}) waits in "
+                f"{slots[r].waiting_on.describe()}, which needs rank {root} "  # type: ignore[union-attr]
+                f"({self._describe_rank(root)}), {why[r]}"
             )
-        )
-        self._abort_locked(DeadlockError(self.report(f"deadlock: {reason}")))
+            released.simdist_origin = root  # type: ignore[attr-defined]
+            self._interrupt_locked(r, released)
+        return False
+
+    def _waiting_graph_from(self, start: int) -> dict[int, list[int]]:
+        """The waiting ranks reachable from ``start`` through needed ranks."""
+        graph: dict[int, list[int]] = {}
+        todo = [start]
+        while todo:
+            r = todo.pop()
+            if r in graph:
+                continue
+            needed = list(self._slots[r].waiting_on.needed_ranks())  # type: ignore[union-attr]
+            graph[r] = needed
+            todo += [p for p in needed if self._slots[p].state is RankState.WAITING]
+        return graph
+
+    def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
+        """For each stuck rank, the failed rank it waits on (transitively), if any."""
+        roots: dict[int, int | None] = {}
+
+        def root_of(r: int, path: set[int]) -> int | None:
+            if r in roots:
+                return roots[r]
+            path.add(r)
+            found: int | None = None
+            for p in sorted(graph[r]):
+                slot = self._slots[p]
+                if slot.state is RankState.FAILED:
+                    found = slot.root_failure
+                elif p in stuck and p not in path:
+                    found = root_of(p, path)
+                if found is not None:
+                    break
+            path.discard(r)
+            roots[r] = found
+            return found
+
+        for r in sorted(stuck):
+            root_of(r, set())
+        return roots
+
+    def _interrupt_locked(self, rank: int, error: BaseException) -> None:
+        slot = self._slots[rank]
+        if slot.state is RankState.WAITING:
+            slot.state = RankState.RUNNING
+            slot.waiting_on = None
+            self._running += 1
+        slot.interrupt = error
+        slot.parker.unpark()
 
     def report(self, headline: str) -> str:
         """Every rank's state, pending call and user stack (call with the lock held)."""
@@ -475,4 +649,5 @@ def _copy_error(error: BaseException) -> BaseException:
     except Exception:
         return error
     fresh.__cause__ = error.__cause__
+    fresh.__dict__.update(getattr(error, "__dict__", {}))
     return fresh

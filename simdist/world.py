@@ -8,6 +8,7 @@ stuck in plain compute past the watchdog, interrupted and then joined) before
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import os
 import sys
@@ -25,13 +26,13 @@ from .context import RankContext, build_groups
 from .errors import (
     CollectiveMismatchError,
     DeadlockError,
-    PeerFailedError,
     RankError,
     SimulationError,
     SimulationTimeout,
 )
 from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, corrupt_contribution
 from .layout import Layout
+from .overlap import check_members_disjoint
 from .reduction import ReductionModel, make_model
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
@@ -75,11 +76,13 @@ class World:
                 info = GroupInfo(name, ranks, label)
                 self._groups[name] = info
             elif info.ranks != ranks:
-                raise CollectiveMismatchError(
+                error = CollectiveMismatchError(
                     f"rank {rank} created group {name!r} with ranks {list(ranks)}, but a peer "
                     f"created it with ranks {list(info.ranks)}: every member must call "
                     f"new_group with the same ranks, in the same order"
                 )
+                self.scheduler.record(rank, error)
+                raise error
             return info
 
     def label_group(self, name: str, label: str) -> None:
@@ -89,44 +92,51 @@ class World:
     # -- per-call hooks -----------------------------------------------------
 
     def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
-        """Record the call and apply any fault due (runs on the calling rank)."""
-        if self.scheduler.any_group_aborted:
-            self._raise_if_group_aborted(group)
+        """Record the call and apply any fault due (runs on the calling rank).
+
+        This rank's own faults act before it learns that the communicator was
+        aborted elsewhere: what it reports must not depend on which thread got
+        there first.
+        """
         call.record = self.recorder.start(call.rank, seq, group, call.op,
                                           tensors_of(call.payload), call.site)
-        if self.faults is None:
+        if self.faults is None and not self.scheduler.any_group_aborted:
             return
         try:
-            for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
-                where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
-                self._apply(fault, where, group, call.op, call.payload, call)
-        except BaseException:
+            if self.faults is not None:
+                for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
+                    where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
+                    self._apply(fault, where, group, call.op, call.payload, call, call.rank)
+            self._raise_if_group_aborted(group)
+        except BaseException as exc:
             Recorder.finish(call.record, failed=True)
+            if isinstance(exc, SimulationError):  # an injected crash, a refused corruption
+                self.scheduler.record(call.rank, exc)
             raise
 
     def before_p2p(self, op: P2POp) -> None:
         me = op.src if op.kind == "send" else op.dst
-        self._raise_if_group_aborted(op.group)
         op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
-        if self.faults is None:
-            return
         try:
-            for fault in self.faults.due(me, op.kind, op.group.describe(), -1):
+            for fault in self.faults.due(me, op.kind, op.group.describe(), -1) if self.faults else ():
                 where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
                 # The send's tensor is already simdist's own snapshot.
                 payload = {"t": op.tensor} if op.kind == "send" else {}
-                self._apply(fault, where, op.group, op.kind, payload, None)
-        except BaseException:
+                self._apply(fault, where, op.group, op.kind, payload, None, me)
+            self._raise_if_group_aborted(op.group)
+        except BaseException as exc:
             Recorder.finish(op.record, failed=True)
+            if isinstance(exc, SimulationError):
+                self.scheduler.record(me, exc)
             raise
 
     def _apply(self, fault: Fault, where: str, group: GroupInfo, op: str,
-               payload: dict[str, Any], call: Call | None) -> None:
+               payload: dict[str, Any], call: Call | None, rank: int) -> None:
         kind = fault.kind
         if kind == "crash":
             raise InjectedFault(f"injected crash at {where}")
         if kind == "delay":
-            time.sleep(fault.seconds)
+            self.scheduler.sleep(fault.seconds)
         elif kind == "corrupt":
             corrupt_contribution(op, payload, fault.mode)
         elif kind == "timeout":
@@ -142,6 +152,8 @@ class World:
                 f"simdist: communicator {group.describe()} was aborted at {where}; every pending "
                 f"and later call on it fails until the world is rebuilt"
             )
+            # Members other than this rank fail because of it: a consequence.
+            error.simdist_origin = rank  # type: ignore[attr-defined]
             self.scheduler.fail_group(group.name, error)
             raise BackendError(*error.args)
 
@@ -149,7 +161,9 @@ class World:
         # An early, unlocked check; the scheduler re-checks under its lock.
         error = self.scheduler.group_aborted(group.name)
         if error is not None:
-            raise BackendError(*error.args)
+            fresh = BackendError(*error.args)
+            fresh.__dict__.update(error.__dict__)  # keeps who aborted it
+            raise fresh
 
     def _on_done(self, waitable: Waitable) -> None:
         failed = waitable.error is not None
@@ -165,6 +179,7 @@ class World:
                 raise call.injected
         first = calls[0].fingerprint
         if all(c.fingerprint == first for c in calls[1:]):
+            check_members_disjoint(calls[0].op, group.describe(), seq, calls)
             return
         rows = []
         for c in calls:
@@ -223,10 +238,11 @@ def run(
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
     Returns the per-rank results, indexed by global rank. Raises ``RankError``
-    when a rank raised (``__cause__`` is the first failure), ``DeadlockError``
-    when no pending call could ever complete, ``CollectiveMismatchError`` when
-    members of a group called different collectives, ``SimulationTimeout`` when
-    ranks were still running after ``timeout`` seconds.
+    when a rank raised (``__cause__`` is the lowest failed rank's error),
+    ``DeadlockError`` when some waiting ranks could never complete,
+    ``CollectiveMismatchError`` when members of a group called different
+    collectives (both even if every rank caught them), ``SimulationTimeout``
+    when ranks were still running after ``timeout`` seconds.
 
     ``reduction`` picks the reduction-order model ("rank", "ring", "tree",
     "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
@@ -244,9 +260,12 @@ def run(
         raise TypeError(f"faults must be a simdist.FaultPlan, got {type(faults).__name__}")
     if isinstance(flight_records, bool) or not isinstance(flight_records, int) or flight_records < 1:
         raise ValueError(f"flight_records must be a positive int, got {flight_records!r}")
+    if trace is not None:
+        _check_trace_path(trace)
     counting = comm_stats.active()
     world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
                   keep_trace=trace is not None or bool(counting), flight_records=flight_records)
+    run_name = _name_run(fn)
 
     register_backend()
     results: list[Any] = [None] * n
@@ -278,6 +297,7 @@ def run(
             bind_current(None)
 
     c10d_state.install()
+    timed_out: str | None = None
     try:
         threads = [
             threading.Thread(target=rank_main, args=(r,), name=f"simdist-rank-{r}", daemon=True)
@@ -294,11 +314,45 @@ def run(
             raise
     finally:
         c10d_state.uninstall()
+        # A group object can outlive its run (returned from the body, kept in a
+        # global): calls on it must fail at once, not wait for ranks that are gone.
+        world.scheduler.close(SimulationError(
+            f"this process group belongs to {run_name}, which has already ended: a group "
+            f"can only be used inside the run that created it"
+        ))
         for stats in counting:
             stats.add_records(world.recorder.all_records())
+        trace_error = None
         if trace is not None:
-            world.recorder.write_chrome_trace(trace, world.describe_rank)
-    return _outcome(world, results, failures, timed_out)
+            try:
+                world.recorder.write_chrome_trace(trace, world.describe_rank)
+            except OSError as exc:  # never hide the run's own outcome behind it
+                trace_error = exc
+    results = _outcome(world, results, failures, timed_out, trace_error)
+    if trace_error is not None:
+        raise trace_error
+    return results
+
+
+_run_counter = itertools.count(1)
+
+
+def _name_run(fn: Callable[..., Any]) -> str:
+    return f"simdist.run #{next(_run_counter)} (body {getattr(fn, '__qualname__', repr(fn))})"
+
+
+def _check_trace_path(trace: str | os.PathLike[str]) -> None:
+    """Refuse a trace path that cannot be written before any rank starts."""
+    if not isinstance(trace, (str, os.PathLike)):
+        raise TypeError(f"trace must be a file path, got {type(trace).__name__}")
+    path = os.fspath(trace)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"trace={path!r} is a directory; pass a file path such as 'step.json'")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"trace={path!r}: its directory does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"trace={path!r}: its directory is not writable")
 
 
 def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> str | None:
@@ -321,7 +375,8 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     report = "\n".join(lines)
     still = _interrupt(alive, world, SimulationTimeout(report))
     if still:
-        report += f"\n  could not interrupt {still} (blocked in native code); they are daemon threads"
+        report += (f"\n  could not interrupt {still} within {_GRACE_S:g} s (blocked in native code, "
+                   f"or catching the interrupt); they are left running as daemon threads")
     return report
 
 
@@ -345,34 +400,52 @@ def _interrupt(threads: list[threading.Thread], world: World, error: SimulationE
 
 
 def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],
-             timed_out: str | None) -> list[Any]:
+             timed_out: str | None, trace_error: BaseException | None = None) -> list[Any]:
+    """What ``run`` returns or raises, decided from what happened, not from
+    which thread got somewhere first. In order: a deadlock, a collective
+    mismatch (both even when every rank caught them), the watchdog, rank
+    failures (the lowest failed rank is the cause), calls left incomplete.
+    Every error carries ``results``: what each rank returned (None if it raised)."""
     sched = world.scheduler
+    note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
     tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
+    watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
+
+    def fail(error: SimulationError, cause: BaseException | None = None) -> None:
+        if not isinstance(error, RankError):
+            error.failures = failures  # type: ignore[attr-defined]
+        error.results = results  # type: ignore[attr-defined]
+        raise error from cause
+
+    if sched.deadlock is not None:
+        fail(DeadlockError(f"{sched.deadlock}{watchdog}\n{tail}{note}"), sched.deadlock)
+    mismatch = next((e for _, e in sched.recorded if isinstance(e, CollectiveMismatchError)), None)
+    if mismatch is not None:
+        fail(CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail}{note}"), mismatch)
     if timed_out is not None:
-        raise SimulationTimeout(f"{timed_out}\n{tail}")
-    first = sched.first_failure
-    abort = sched.aborted
-    if first is None and isinstance(abort, SimulationError) and not isinstance(abort, PeerFailedError):
-        err = type(abort)(f"{abort}\n{tail}")
-        err.failures = failures  # type: ignore[attr-defined]
-        raise err
-    if first is not None:
-        rank, exc = first
-        if isinstance(exc, (CollectiveMismatchError, DeadlockError)):
-            err2 = type(exc)(f"{exc}\n{tail}")
-            err2.failures = failures  # type: ignore[attr-defined]
-            raise err2 from exc
-        independent = {r: e for r, e in failures.items() if r not in sched.released}
-        lines = [
-            f"rank {r} ({world.describe_rank(r)}) failed: {type(e).__name__}: {e}"
-            for r, e in sorted(independent.items(), key=lambda kv: (kv[0] != rank, kv[0]))
-        ]
+        fail(SimulationTimeout(f"{timed_out}\n{tail}{note}"))
+    own = {r: e for r, e in failures.items() if r not in sched.released}
+    caught: dict[int, BaseException] = {}
+    for r, e in sched.recorded:  # simdist errors a rank caught and went on from
+        if r not in failures and r not in caught:
+            caught[r] = e
+    if own or caught:
+        lines = []
+        for r in sorted({**own, **caught}):
+            if r in own:
+                lines.append(f"rank {r} ({world.describe_rank(r)}) failed: {type(own[r]).__name__}: {own[r]}")
+            else:
+                lines.append(f"rank {r} ({world.describe_rank(r)}) caught {type(caught[r]).__name__} and "
+                             f"went on (a failure all the same): {caught[r]}")
         released = sorted(sched.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")
-        lines.append(tail)
-        raise RankError("\n".join(lines), independent, released) from exc
+        lines.append(tail + note)
+        everything = {**caught, **own}
+        fail(RankError("\n".join(lines), everything, released), everything[min(everything)])
+    if failures:  # only released ranks: cannot happen, but never return silently
+        fail(RankError(f"rank(s) {sorted(failures)} failed\n{tail}{note}", failures))
     leftovers = sched.leftovers()
     if leftovers is not None:
-        raise DeadlockError(f"every rank returned, but {leftovers}\n{tail}")
+        fail(DeadlockError(f"every rank returned, but {leftovers}\n{tail}{note}"))
     return results

@@ -106,7 +106,7 @@ def test_every_independent_failure_is_reported() -> None:
 
 
 def test_timeout_kills_the_world() -> None:
-    with pytest.raises(SimulationTimeout, match=r"timeout=1.5s.*ranks \[0, 1\]"):
+    with pytest.raises(SimulationTimeout, match=r"timeout=1.5s.*ranks \[0, 1\] were still running"):
         run_processes(sleep_on_rank_zero, world_size=2, timeout=1.5)
     assert not multiprocessing.active_children()
 

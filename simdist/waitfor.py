@@ -1,0 +1,96 @@
+"""The wait-for graph: which waiting ranks can never complete.
+
+A graph maps each waiting rank to the ranks its wait needs (members that have
+not joined a collective, the peer of a send or recv). A waiting rank can
+complete only if every rank it needs is running or can itself complete; the
+others form closed sets that nothing outside can ever wake. Pure functions,
+no threading: the scheduler calls them under its lock.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def cannot_complete(graph: dict[int, list[int]], running: Callable[[int], bool]) -> set[int]:
+    """The waiting ranks (keys of ``graph``, each mapped to the ranks it needs)
+    that can never complete: the complement of the least fixed point of
+    "every rank it needs runs or can complete"."""
+    blockers = {r: 0 for r in graph}
+    dependents: dict[int, list[int]] = {}
+    ready = []
+    for r, needed in graph.items():
+        for p in needed:
+            if p in graph:
+                blockers[r] += 1
+                dependents.setdefault(p, []).append(r)
+            elif not running(p):
+                blockers[r] = -len(graph) - 1  # needs a rank that has left: never
+        if blockers[r] == 0:
+            ready.append(r)
+    can: set[int] = set()
+    while ready:
+        r = ready.pop()
+        can.add(r)
+        for d in dependents.get(r, ()):
+            blockers[d] -= 1
+            if blockers[d] == 0:
+                ready.append(d)
+    return set(graph) - can
+
+
+def deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone: set[int],
+                       all_wait: bool) -> str:
+    """Name the cycle (or the departed peers) that makes ``deadlocked`` stuck."""
+    on_gone = sorted(r for r in deadlocked if any(p in gone for p in graph[r]))
+    parts = ["every live rank is waiting and no pending call can complete"] if all_wait else []
+    cycle = find_cycle(graph, set(deadlocked))
+    if cycle:
+        parts.append(f"rank(s) {sorted(cycle)} wait for each other in a cycle: "
+                     + " -> ".join(map(str, cycle + cycle[:1])))
+    if all_wait:
+        return "deadlock: " + "; ".join(parts)  # each rank's line below says the rest
+    if on_gone:
+        parts.append(f"rank(s) {on_gone} wait on a peer that has already finished or failed")
+    rest = sorted(set(deadlocked) - set(cycle) - set(on_gone))
+    if rest:
+        parts.append(f"rank(s) {rest} can never complete either, whatever the running ranks do")
+    return "deadlock: " + "; ".join(parts)
+
+
+def reachable(graph: dict[int, list[int]], start: int, within: set[int]) -> list[int]:
+    """Ranks of ``within`` that ``start`` waits on, directly or not, nearest first."""
+    order: list[int] = []
+    seen: set[int] = set()
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for r in frontier:
+            for p in sorted(graph[r]):
+                if p in within and p not in seen:
+                    seen.add(p)
+                    order.append(p)
+                    nxt.append(p)
+        frontier = nxt
+    return order
+
+
+def on_cycle(graph: dict[int, list[int]], r: int, within: set[int]) -> bool:
+    return r in reachable(graph, r, within)
+
+
+def find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
+    """One cycle of the wait-for graph inside ``within`` (lowest rank first), or []."""
+    for start in sorted(within):
+        path: list[int] = []
+        index: dict[int, int] = {}
+        r: int | None = start
+        while r is not None and r not in index:
+            index[r] = len(path)
+            path.append(r)
+            r = next((p for p in sorted(graph[r]) if p in within), None)
+        if r is not None:
+            cycle = path[index[r]:]
+            low = cycle.index(min(cycle))
+            return cycle[low:] + cycle[:low]
+    return []
