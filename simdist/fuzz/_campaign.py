@@ -213,7 +213,7 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
         code = ExitCode.CLEAN
     if cfg.report is not None:
         report = {"exit_code": code, "elapsed_s": round(elapsed, 3), "budget_s": cfg.budget,
-                  "workers": cfg.workers, "seed": seed, "targets": list(cfg.targets),
+                  "workers": cfg.workers, "seed": seed, "targets": list(cfg.targets), "run_dir": str(run_dir),
                   "tags": cfg.tags, "problems": problems, **stats.to_json()}
         Path(cfg.report).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if cfg.junit is not None:
