@@ -158,11 +158,14 @@ def token_distributions(
             rank_masked = draw(st.booleans())
             per_rank = []
             for _ in range(microbatches):
-                micro_masked = rank_masked or draw(st.booleans())
-                if micro_masked:
-                    per_rank.append([[0.0] * seq_len for _ in range(rows)])
-                else:
-                    per_rank.append([draw(mask_rows(seq_len, fractional=fractional)) for _ in range(rows)])
+                micro_masked = draw(st.booleans())
+                # Rows are drawn even when masked: Hypothesis prefers shorter
+                # draws, and skipping them would make "all masked" the
+                # simplest mask instead of "fully valid".
+                micro = [draw(mask_rows(seq_len, fractional=fractional)) for _ in range(rows)]
+                if rank_masked or micro_masked:
+                    micro = [[0.0] * seq_len for _ in range(rows)]
+                per_rank.append(micro)
             out.append(per_rank)
         return out
 

@@ -21,6 +21,7 @@ from cotrain_faults import fault_points
 from draft_loss.cotrain import CotrainBatch, CotrainConfig
 from simdist import Layout
 from simdist.strategies import (
+    REDUCTION_NAMES,
     ReductionChoice,
     bin_weights,
     dtype_names,
@@ -43,6 +44,28 @@ MAX_SEQ_LEN = 6
 # With clipping on, limits far below the grad norms of this tiny model, so the
 # clip is active whenever a group has any gradient.
 CLIP_NORMS = {"policy_max_grad_norm": 0.05, "draft_max_grad_norm": 0.02}
+
+
+# Known findings: properties the real code fails today. While one is being
+# fixed, a campaign can leave out the cases that trigger it, e.g.
+#   SIMDIST_FUZZ_EXCLUDE=order-dependent-grad-norms
+# (comma-separated). By default nothing is left out.
+FINDINGS = {
+    # group_grad_norms promises norms identical on every rank, but sums the
+    # squares over each DP replica's (or TP column's) own PP group: with an
+    # order-dependent reduction (simdist's "shuffled", NCCL rings laid out
+    # differently per communicator) replicas get norms a last bit apart, so
+    # their clip coefficients, and then their parameters, drift apart.
+    "order-dependent-grad-norms": "draws no 'shuffled' reduction",
+}
+
+
+def excluded_findings() -> set[str]:
+    names = {n.strip() for n in os.environ.get("SIMDIST_FUZZ_EXCLUDE", "").split(",") if n.strip()}
+    unknown = names - set(FINDINGS)
+    if unknown:
+        raise ValueError(f"SIMDIST_FUZZ_EXCLUDE: unknown finding(s) {sorted(unknown)}; known: {sorted(FINDINGS)}")
+    return names
 
 
 def max_world_size() -> int:
@@ -210,9 +233,9 @@ def draft_cases(
     if draw(st.booleans()):
         # Every token in one bin; a weight-0 bin zeroes the draft count alone.
         single_bin = draw(st.integers(0, len(weights) - 1))
-    most_tokens = max(len(m) * len(m[0]) * seq_len for m in masks)
-    chunk = draw(st.integers(1, most_tokens + 2))
-    reduction = draw(reductions())
+    chunk = draw(chunk_sizes(max(len(m[0]) * seq_len for m in masks)))
+    models = ("rank", "ring", "tree") if "order-dependent-grad-norms" in excluded_findings() else REDUCTION_NAMES
+    reduction = draw(reductions(models))
     return DraftCase(
         tp=layout.tp, cp=layout.cp, dp=layout.dp, pp=layout.pp, microbatches=microbatches, seq_len=seq_len,
         masks=_tuples(masks), vocab_size=layout.tp * draw(st.integers(2, 6)), token_chunk_size=chunk,
@@ -220,6 +243,26 @@ def draft_cases(
         seed=draw(st.integers(0, 2**16)), reduction=reduction.model, reduction_seed=reduction.seed,
         clip=draw(st.booleans()), mode=draw(st.sampled_from(modes)),
     )
+
+
+def chunk_sizes(tokens: int) -> st.SearchStrategy[int]:
+    """token_chunk_size against the ``tokens`` of a microbatch: beyond them and
+    equal (one cached tile), a few partial tiles (streaming, a last partial
+    tile), or 1 (a tile per token). Every tile costs two TP all-reduces per
+    microbatch, so the many-tile sizes are kept to a quarter of the cases."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> int:
+        kind = draw(st.sampled_from(("beyond", "equal", "partial", "one")))
+        if kind == "beyond":
+            return draw(st.integers(tokens + 1, tokens + 2))
+        if kind == "equal" or tokens < 2:
+            return tokens
+        if kind == "partial":
+            return draw(st.integers(max(2, -(-tokens // 4)), tokens - 1)) if tokens > 2 else 1
+        return 1
+
+    return build()
 
 
 def probe_points(microbatches: int) -> list[str]:
@@ -303,6 +346,7 @@ def spoil(batch: CotrainBatch, kind: str, config: CotrainConfig) -> tuple[Any, s
 
 
 __all__ = [
-    "BAD_INPUT_KINDS", "CP_SUPPORTED", "DraftCase", "bad_input_cases", "draft_cases", "fault_cases",
+    "BAD_INPUT_KINDS", "CP_SUPPORTED", "DraftCase", "FINDINGS", "bad_input_cases", "chunk_sizes", "draft_cases",
+    "excluded_findings", "fault_cases",
     "fault_plan_of", "max_world_size", "probe_points", "spoil",
 ]

@@ -98,8 +98,31 @@ def worst_ratio(
     return worst
 
 
+# The parity suite's tolerances (TOLERANCES) hold for its batches of 24 tokens
+# per replica and a vocabulary of 24. A bfloat16 step on the fuzz cases' tiny
+# batches (one valid token, a vocabulary of 2) is further from the float64
+# reference, without any bug: the draft's teacher is the policy's bfloat16
+# logits, rounded at 2**-9 relative through ~6 ops, so a logit of size 4 is
+# off by up to ~0.05 and the draft gradient softmax(s) - softmax(z) of a
+# single token moves by up to a quarter of that, ~1e-2, against a model-wide
+# gradient scale that can be as small as ~0.1 when one token contributes.
+# Measured: up to 2.7x the parity tolerance in targeted search (0.8x in 120
+# random cases). So bfloat16 vs the reference allows 5x the parity suite's
+# absolute part (0.15 of the scale) and 5e-2 relative. Split vs monolithic in
+# bfloat16 also meets more rounding than the parity suite's estimate (about 8
+# roundings): a TP group of 4 under the ring model rounds every partial sum of
+# the activations and their gradients (3 more roundings per all-reduce, two
+# all-reduces per layer); targeted search found 1.05x the parity tolerance
+# on a single entry (tp=4, ring, 4 microbatches), so we allow twice its
+# absolute part. float32 is unchanged.
+FUZZ_TOLERANCES = {
+    torch.float32: TOLERANCES[torch.float32],
+    torch.bfloat16: {"split_vs_monolithic": (3e-2, 6e-2), "vs_reference": (5e-2, 1.5e-1)},
+}
+
+
 def tolerance(case: DraftCase, which: str) -> tuple[float, float]:
-    return TOLERANCES[case.torch_dtype][which]
+    return FUZZ_TOLERANCES[case.torch_dtype][which]
 
 
 # -------------------------------------------------------------- fault + retry
