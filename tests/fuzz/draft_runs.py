@@ -10,8 +10,11 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+from hypothesis import target
+from hypothesis.control import currently_in_test_context
 
 import simdist
+from simdist import fuzz
 from cotrain_harness import TOLERANCES, groups_of, shard
 from draft_cases import DraftCase, fault_plan_of, spoil
 from draft_loss.cotrain import METRIC_NAMES, CotrainBatch, CotrainWorker, StepAbortedError, StepResult
@@ -21,6 +24,23 @@ RUN_TIMEOUT_S = 120.0
 
 class ProbeFault(Exception):
     """Raised by a probe at the case's fault point (the test's own, not simdist's)."""
+
+
+# ------------------------------------------------------- coverage and targets
+
+# ``simdist replay`` calls a property's body directly, outside any Hypothesis
+# test, where ``hypothesis.event`` and ``target`` refuse to run: record
+# coverage and steer the search only inside one.
+
+
+def cover(**features: Any) -> None:
+    if currently_in_test_context():
+        fuzz.cover(**features)
+
+
+def steer(score: float, *, label: str) -> None:
+    if currently_in_test_context():
+        target(score, label=label)
 
 
 # ----------------------------------------------------------------- valid runs

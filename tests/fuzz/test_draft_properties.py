@@ -18,7 +18,7 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from hypothesis import HealthCheck, given, settings, target  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from cotrain_faults import assert_bitwise_equal  # noqa: E402
 from cotrain_harness import check_against, check_ranks_agree, reference_of  # noqa: E402
@@ -27,9 +27,11 @@ from draft_loss.cotrain import CotrainWorker  # noqa: E402
 from draft_runs import (  # noqa: E402
     BAD_INPUT_MESSAGES,
     PEER_MESSAGE,
+    cover,
     fault_then_retry,
     run_bad_input,
     run_valid,
+    steer,
     tolerance,
     unexpected_failures,
     worst_ratio,
@@ -48,13 +50,13 @@ relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, H
 def test_layout_invariance(case: DraftCase) -> None:
     """1. The applied update (parameters, grad norms, metrics) of either mode equals
     the float64 single-process reference of the global batch, on every rank."""
-    fuzz.cover(**case.cover(), mode=case.mode, chunk_vs_tokens=_chunk_feature(case))
+    cover(**case.cover(), mode=case.mode, chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, (case.mode,))[case.mode]
     check_ranks_agree(case.layout, results, case.mode)
     assert not results[0].skipped, f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
     reference = reference_of(case.config(), case.global_batch())
     rtol, atol = tolerance(case, "vs_reference")
-    target(
+    steer(
         worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True),
         label="layout invariance: worst error / tolerance vs float64",
     )
@@ -70,14 +72,14 @@ def test_layout_invariance(case: DraftCase) -> None:
 def test_split_equals_monolithic(case: DraftCase) -> None:
     """2. A split step over 1..4 microbatches equals the monolithic step, on every rank
     (same world, same reduction order; float32 to summation-order rounding)."""
-    fuzz.cover(**case.cover(), chunk_vs_tokens=_chunk_feature(case))
+    cover(**case.cover(), chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, ("monolithic", "split"))
     mono, split = results["monolithic"], results["split"]
     for mode, per_rank in results.items():
         check_ranks_agree(case.layout, per_rank, mode)
         assert not per_rank[0].skipped, f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
     rtol, atol = tolerance(case, "split_vs_monolithic")
-    target(
+    steer(
         worst_ratio(case, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol, tp_sharded_expected=False),
         label="split vs monolithic: worst error / tolerance",
     )
@@ -96,7 +98,7 @@ def test_fault_then_retry_equals_clean_run(case: DraftCase) -> None:
     fresh world, equals a clean run bit for bit; a fault that aborts nothing
     (a delay, a call that never comes) changes nothing."""
     clean, retried, outcome = fault_then_retry(case)
-    fuzz.cover(**case.cover(), warmup=case.warmup, fault_fired=bool(outcome.errors))
+    cover(**case.cover(), warmup=case.warmup, fault_fired=bool(outcome.errors))
     problems = unexpected_failures(outcome)
     assert not problems, "the faulty attempt failed in ways the fault does not explain:\n" + "\n".join(problems)
     assert_bitwise_equal(retried, clean)
@@ -110,7 +112,7 @@ def test_bad_input_fails_on_every_rank(case: DraftCase) -> None:
     (the bad rank names the argument, its peers say another rank's input was bad),
     before any state is kept; never a hang, never a SimulationError."""
     kind, bad_rank = case.bad_input["kind"], case.bad_input["rank"]
-    fuzz.cover(**case.cover(), bad_input=kind)
+    cover(**case.cover(), bad_input=kind)
     outcomes = run_bad_input(case)
     for rank, outcome in enumerate(outcomes):
         error = outcome["error"]
@@ -136,7 +138,7 @@ def test_valid_input_never_raises_simulation_error(case: DraftCase) -> None:
     here one worker takes consecutive steps, in both modes, on one world; metrics
     and grad norms agree on every rank. (Properties 1 and 2 also fail on any
     SimulationError from valid input.)"""
-    fuzz.cover(**case.cover())
+    cover(**case.cover())
     other = "monolithic" if case.mode == "split" else "split"
     results = run_valid(case, (case.mode, other), body=_two_steps_body)
     for mode, per_rank in results.items():
@@ -150,8 +152,8 @@ def test_soft_ce_matches_reference(case: SoftCECase) -> None:
     """1 (loss level). soft_cross_entropy over vocabulary shards of uneven sizes,
     any token_chunk_size, matches a float64 full-vocabulary reference:
     numerators, counts and every rank's gradient shard."""
-    fuzz.cover(**case.cover())
-    target(check_soft_ce(case), label="soft_cross_entropy: worst error / tolerance vs float64")
+    cover(**case.cover())
+    steer(check_soft_ce(case), label="soft_cross_entropy: worst error / tolerance vs float64")
 
 
 @relaxed
@@ -160,7 +162,7 @@ def test_soft_ce_matches_reference(case: SoftCECase) -> None:
 def test_soft_ce_bad_input_fails_on_every_tp_rank(case: SoftCECase) -> None:
     """4 (loss level). Bad or disagreeing arguments on one TP rank (shapes, dtypes,
     masks, bins, weights, chunk size) raise the same error on every TP rank."""
-    fuzz.cover(**case.cover(), bad_input=case.bad_input["kind"])
+    cover(**case.cover(), bad_input=case.bad_input["kind"])
     run_soft_ce_bad_input(case)
 
 
