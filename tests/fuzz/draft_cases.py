@@ -29,6 +29,7 @@ from simdist.strategies import (
     fault_to_json,
     faults,
     layouts,
+    probe_faults,
     reductions,
     token_distributions,
 )
@@ -278,8 +279,8 @@ def fault_cases(draw: st.DrawFn, *, max_world: int | None = None) -> DraftCase:
     case = draw(draft_cases(max_world=max_world, modes=("split",)))
     world = case.layout.world_size
     if draw(st.booleans()):
-        point = draw(st.sampled_from(probe_points(case.microbatches)))
-        fault: dict[str, Any] = {"probe": point, "rank": draw(st.integers(0, world - 1))}
+        probe = draw(probe_faults(probe_points(case.microbatches), world))
+        fault: dict[str, Any] = {"probe": probe.point, "rank": probe.rank}
     else:
         fault = fault_to_json(draw(faults(world, max_nth=12)))
     return replace(case, fault=fault, warmup=draw(st.booleans()))

@@ -76,6 +76,26 @@ def run_valid(case: DraftCase, modes: Sequence[str], body: Callable[..., Any] = 
 # -------------------------------------------------------------- comparisons
 
 
+def check_replicas_agree(case: DraftCase, results: list[StepResult], mode: str) -> None:
+    """DP replicas (ranks with the same TP/CP/PP coordinates) hold bitwise the same
+    gradients and parameters after the step: otherwise they drift apart step by step."""
+    layout = case.layout
+    first: dict[tuple[int, int, int], int] = {}
+    for rank, result in enumerate(results):
+        coords = layout.coords(rank)
+        peer = first.setdefault((coords.tp, coords.cp, coords.pp), rank)
+        if peer == rank:
+            continue
+        for kind in ("grads", "params"):
+            mine, theirs = getattr(result, kind), getattr(results[peer], kind)
+            for name, value in mine.items():
+                assert torch.equal(value, theirs[name]), (
+                    f"{mode}: DP replicas diverge: rank {rank}'s {kind[:-1]} {name} differs from rank {peer}'s "
+                    f"(same tp/cp/pp coordinates), max difference {float((value - theirs[name]).abs().max()):.3e}"
+                )
+
+
+
 def worst_ratio(
     case: DraftCase,
     results: list[StepResult],

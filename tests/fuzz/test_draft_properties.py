@@ -27,6 +27,7 @@ from draft_loss.cotrain import CotrainWorker  # noqa: E402
 from draft_runs import (  # noqa: E402
     BAD_INPUT_MESSAGES,
     PEER_MESSAGE,
+    check_replicas_agree,
     cover,
     fault_then_retry,
     run_bad_input,
@@ -52,6 +53,7 @@ def test_layout_invariance(case: DraftCase) -> None:
     the float64 single-process reference of the global batch, on every rank."""
     cover(**case.cover(), mode=case.mode, chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, (case.mode,))[case.mode]
+    check_replicas_agree(case, results, case.mode)
     check_ranks_agree(case.layout, results, case.mode)
     assert not results[0].skipped, f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
     reference = reference_of(case.config(), case.global_batch())
@@ -76,6 +78,7 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
     results = run_valid(case, ("monolithic", "split"))
     mono, split = results["monolithic"], results["split"]
     for mode, per_rank in results.items():
+        check_replicas_agree(case, per_rank, mode)
         check_ranks_agree(case.layout, per_rank, mode)
         assert not per_rank[0].skipped, f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
     rtol, atol = tolerance(case, "split_vs_monolithic")
@@ -142,6 +145,7 @@ def test_valid_input_never_raises_simulation_error(case: DraftCase) -> None:
     other = "monolithic" if case.mode == "split" else "split"
     results = run_valid(case, (case.mode, other), body=_two_steps_body)
     for mode, per_rank in results.items():
+        check_replicas_agree(case, per_rank, mode)
         check_ranks_agree(case.layout, per_rank, mode)
 
 
