@@ -39,6 +39,14 @@ settings.register_profile(
 )
 # For checking the properties' power by hand (a few hundred cases, random seeds):
 #   DRAFT_LOSS_MUTANT=<name> pytest tests/fuzz --hypothesis-profile=simdist-fuzz-mutants
+# Cases per second of each property (`--hypothesis-show-statistics`):
+settings.register_profile(
+    "simdist-fuzz-speed",
+    max_examples=100,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile(
     "simdist-fuzz-mutants",
     max_examples=300,

@@ -58,6 +58,13 @@ FINDINGS = {
     # differently per communicator) replicas get norms a last bit apart, so
     # their clip coefficients, and then their parameters, drift apart.
     "order-dependent-grad-norms": "draws no 'shuffled' reduction",
+    # train_step's commit agreement is a MIN over TP, then PP, then DP. A rank
+    # that fails inside the last (DP) all-reduce stops only its own DP group:
+    # the other stages' DP groups finish, see "everyone ok" and commit, so a
+    # retry applies their step twice. On simdist it depends on whether they
+    # finish before the failure reaches them (flaky); on NCCL, where other
+    # communicators never hear of it, they always do.
+    "partial-commit-at-agreement": "draws probe faults only, no collective faults",
 }
 
 
@@ -278,7 +285,8 @@ def fault_cases(draw: st.DrawFn, *, max_world: int | None = None) -> DraftCase:
     communicator abort, delay) at the n-th matching collective."""
     case = draw(draft_cases(max_world=max_world, modes=("split",)))
     world = case.layout.world_size
-    if draw(st.booleans()):
+    probe_only = "partial-commit-at-agreement" in excluded_findings()
+    if probe_only or draw(st.booleans()):
         probe = draw(probe_faults(probe_points(case.microbatches), world))
         fault: dict[str, Any] = {"probe": probe.point, "rank": probe.rank}
     else:
