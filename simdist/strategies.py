@@ -15,6 +15,13 @@ from hypothesis import strategies as st
 from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from .layout import AXES, Layout
 
+__all__ = [
+    "DTYPE_NAMES", "FUZZ_FAULT_KINDS", "MASK_ROW_KINDS", "MASK_SCALES", "REDUCTION_NAMES", "WEIGHT_VALUES",
+    "ProbeFault", "ReductionChoice", "bin_weights", "dtype_names", "fault_from_json", "fault_plans",
+    "fault_to_json", "faults", "layouts", "mask_rows", "probe_faults", "reductions", "token_distributions",
+    "token_masks",
+]
+
 
 def layouts(
     *,
@@ -23,7 +30,9 @@ def layouts(
     max_degree: int = 4,
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
-    (other axes stay 1); non-power-of-two degrees included."""
+    (other axes stay 1); non-power-of-two degrees included. Pass
+    ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
+    towards a single rank, then towards the smallest degrees, first axis first."""
     for axis in axes:
         if axis not in AXES:
             raise ValueError(f"unknown axis {axis!r}; expected some of {AXES}")
