@@ -28,33 +28,18 @@ for _folder in (_HERE, _HERE.parent):
 import mutants  # noqa: E402
 
 FALLBACK_PROFILE = "simdist-fuzz-regular"
-settings.register_profile(
-    FALLBACK_PROFILE,
-    max_examples=6,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-# For checking the properties' power by hand (a few hundred cases, random seeds):
-#   DRAFT_LOSS_MUTANT=<name> pytest tests/fuzz --hypothesis-profile=simdist-fuzz-mutants
-# Cases per second of each property (`--hypothesis-show-statistics`):
-settings.register_profile(
-    "simdist-fuzz-speed",
-    max_examples=100,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "simdist-fuzz-mutants",
-    max_examples=300,
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+_RELAXED = {"deadline": None, "database": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+PROFILES = {
+    # The regular suite: bounded and derandomised (the same cases every run).
+    FALLBACK_PROFILE: {"max_examples": 6, "derandomize": True, "print_blob": True},
+    # Cases per second of each property (with --hypothesis-show-statistics).
+    "simdist-fuzz-speed": {"max_examples": 100},
+    # The properties' power by hand: a few hundred random cases, e.g.
+    #   DRAFT_LOSS_MUTANT=<name> pytest tests/fuzz --hypothesis-profile=simdist-fuzz-mutants
+    "simdist-fuzz-mutants": {"max_examples": 300, "print_blob": True},
+}
+for _name, _options in PROFILES.items():
+    settings.register_profile(_name, **_RELAXED, **_options)
 
 _undo_mutant = mutants.apply_from_environment()
 
