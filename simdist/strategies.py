@@ -1,16 +1,26 @@
-"""Hypothesis strategies for random layouts and token distributions.
+"""Hypothesis strategies for random layouts, token distributions, bin weights,
+dtypes, reduction models and faults: the building blocks of fuzz properties.
 
 Needs the ``hypothesis`` package (a test extra); simdist itself does not.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import asdict
+from typing import Mapping, NamedTuple, Sequence
 
 import torch
 from hypothesis import strategies as st
 
+from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from .layout import AXES, Layout
+
+__all__ = [
+    "DTYPE_NAMES", "FUZZ_FAULT_KINDS", "MASK_ROW_KINDS", "MASK_SCALES", "REDUCTION_NAMES", "WEIGHT_VALUES",
+    "ProbeFault", "ReductionChoice", "bin_weights", "dtype_names", "fault_from_json", "fault_plans",
+    "fault_to_json", "faults", "layouts", "mask_rows", "probe_faults", "reductions", "token_distributions",
+    "token_masks",
+]
 
 
 def layouts(
@@ -20,7 +30,9 @@ def layouts(
     max_degree: int = 4,
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
-    (other axes stay 1); non-power-of-two degrees included."""
+    (other axes stay 1); non-power-of-two degrees included. Pass
+    ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
+    towards a single rank, then towards the smallest degrees, first axis first."""
     for axis in axes:
         if axis not in AXES:
             raise ValueError(f"unknown axis {axis!r}; expected some of {AXES}")
@@ -69,3 +81,220 @@ def token_masks(
         return torch.tensor(rows, dtype=torch.long)
 
     return build()
+
+
+# ------------------------------------------------------------------ fuzzing
+#
+# The strategies below return plain data (ints, floats, strings, lists and
+# NamedTuples of them) rather than tensors or live objects wherever that is
+# possible, so a fuzz case built from them has a readable JSON form that
+# rebuilds exactly the same inputs on replay. Every choice lists its simplest
+# option first: Hypothesis shrinks towards it.
+
+MASK_ROW_KINDS: tuple[str, ...] = ("full", "empty", "prefix", "single", "first_only", "random")
+# Mask values other than 0/1 weight a token; 1.0 first so masks shrink to 0/1.
+MASK_SCALES: tuple[float, ...] = (1.0, 0.5, 2.0, 0.25)
+WEIGHT_VALUES: tuple[float, ...] = (1.0, 0.0, 0.5, 2.0, 0.125, 1000.0)
+DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16")
+REDUCTION_NAMES: tuple[str, ...] = ("rank", "ring", "tree", "shuffled")
+FUZZ_FAULT_KINDS: tuple[str, ...] = ("crash", "timeout", "abort", "delay")
+
+
+def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[list[float]]:
+    """One row of a token mask as ``seq_len`` floats, of a kind drawn from
+    ``MASK_ROW_KINDS``: fully valid, all masked, a valid prefix of any length
+    (uneven lengths), a single valid token, only the first token valid (no
+    shifted token left), or random; with ``fractional`` the valid tokens of a
+    row may carry a weight other than 1 (random rows also mix values). Shrinks
+    towards a fully valid 0/1 row."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"mask_rows: seq_len must be a positive int, got {seq_len!r}")
+
+    @st.composite
+    def build(draw: st.DrawFn) -> list[float]:
+        kind = draw(st.sampled_from(MASK_ROW_KINDS))
+        scale = draw(st.sampled_from(MASK_SCALES)) if fractional else 1.0
+        if kind == "full":
+            row = [1.0] * seq_len
+        elif kind == "empty":
+            row = [0.0] * seq_len
+        elif kind == "prefix":
+            length = draw(st.integers(1, seq_len))
+            row = [1.0] * length + [0.0] * (seq_len - length)
+        elif kind == "single":
+            at = draw(st.integers(0, seq_len - 1))
+            row = [1.0 if t == at else 0.0 for t in range(seq_len)]
+        elif kind == "first_only":
+            row = [1.0] + [0.0] * (seq_len - 1)
+        else:
+            values = st.sampled_from((1.0, 0.0, 0.5)) if fractional else st.sampled_from((1.0, 0.0))
+            row = draw(st.lists(values, min_size=seq_len, max_size=seq_len))
+        return [value * scale for value in row]
+
+    return build()
+
+
+def token_distributions(
+    ranks: int,
+    microbatches: int,
+    seq_len: int,
+    *,
+    rows_per_microbatch: tuple[int, int] = (1, 2),
+    fractional: bool = True,
+) -> st.SearchStrategy[list[list[list[list[float]]]]]:
+    """Token masks per data-parallel rank and microbatch: ``masks[rank][microbatch][row][position]``.
+
+    Each rank draws its own number of rows per microbatch (so ranks hold
+    different numbers of rows and tokens), and may be all masked; each
+    microbatch may be all masked; rows are drawn by ``mask_rows``. Shrinks
+    towards one row per microbatch, fully valid 0/1 masks.
+    """
+    for name, value, low in (("ranks", ranks, 1), ("microbatches", microbatches, 1), ("seq_len", seq_len, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"token_distributions: {name} must be an int >= {low}, got {value!r}")
+    low_rows, high_rows = rows_per_microbatch
+    if not 1 <= low_rows <= high_rows:
+        raise ValueError(
+            f"token_distributions: rows_per_microbatch must be (low, high) with 1 <= low <= high, "
+            f"got {rows_per_microbatch!r}"
+        )
+
+    @st.composite
+    def build(draw: st.DrawFn) -> list[list[list[list[float]]]]:
+        out = []
+        for _ in range(ranks):
+            rows = draw(st.integers(low_rows, high_rows))
+            rank_masked = draw(st.booleans())
+            per_rank = []
+            for _ in range(microbatches):
+                micro_masked = draw(st.booleans())
+                # Rows are drawn even when masked: Hypothesis prefers shorter
+                # draws, and skipping them would make "all masked" the
+                # simplest mask instead of "fully valid".
+                micro = [draw(mask_rows(seq_len, fractional=fractional)) for _ in range(rows)]
+                if rank_masked or micro_masked:
+                    micro = [[0.0] * seq_len for _ in range(rows)]
+                per_rank.append(micro)
+            out.append(per_rank)
+        return out
+
+    return build()
+
+
+def bin_weights(num_bins: tuple[int, int] = (1, 4)) -> st.SearchStrategy[tuple[float, ...]]:
+    """Non-negative bin weights, from ``WEIGHT_VALUES``: zero, fractional and
+    large weights; shrinks towards a single weight of 1."""
+    low, high = num_bins
+    if not 1 <= low <= high:
+        raise ValueError(f"bin_weights: num_bins must be (low, high) with 1 <= low <= high, got {num_bins!r}")
+    return st.lists(st.sampled_from(WEIGHT_VALUES), min_size=low, max_size=high).map(tuple)
+
+
+def dtype_names(names: Sequence[str] = DTYPE_NAMES) -> st.SearchStrategy[str]:
+    """Floating dtypes by name (``getattr(torch, name)`` gives the dtype); float32 first."""
+    for name in names:
+        if not isinstance(getattr(torch, name, None), torch.dtype):
+            raise ValueError(f"dtype_names: {name!r} is not a torch dtype")
+    return st.sampled_from(tuple(names))
+
+
+class ReductionChoice(NamedTuple):
+    """A reduction-order model and its seed, as ``simdist.run`` takes them."""
+
+    model: str
+    seed: int = 0
+
+    def run_kwargs(self) -> dict[str, object]:
+        return {"reduction": self.model, "seed": self.seed}
+
+
+def reductions(models: Sequence[str] = REDUCTION_NAMES, *, max_seed: int = 2**16) -> st.SearchStrategy[ReductionChoice]:
+    """Reduction-order models with seeds (only ``shuffled`` uses its seed, the
+    others keep seed 0); shrinks towards ``rank`` order."""
+    unknown = [m for m in models if m not in REDUCTION_NAMES]
+    if unknown or not models:
+        raise ValueError(f"reductions: models must be some of {REDUCTION_NAMES}, got {list(models)}")
+
+    @st.composite
+    def build(draw: st.DrawFn) -> ReductionChoice:
+        model = draw(st.sampled_from(tuple(models)))
+        return ReductionChoice(model, draw(st.integers(0, max_seed)) if model == "shuffled" else 0)
+
+    return build()
+
+
+def faults(
+    world_size: int,
+    *,
+    kinds: Sequence[str] = FUZZ_FAULT_KINDS,
+    ops: Sequence[str | None] = ("all_reduce", None),
+    groups: Sequence[str | None] = (None, "tp", "dp", "pp"),
+    max_nth: int = 8,
+    delay_seconds: float = 0.001,
+) -> st.SearchStrategy[Fault]:
+    """One ``simdist.Fault`` on a rank of a ``world_size`` world: a kind, an op
+    and group filter and the n-th matching call. Corruption is left out by
+    default: a corrupted sum that raises nothing is a wrong result, not an
+    abort, so "retry equals a clean run" does not apply to it (pass
+    ``kinds=KINDS`` to draw it too). A fault whose call never comes does not
+    fire. Shrinks towards a crash of rank 0 at its first all_reduce."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"faults: world_size must be a positive int, got {world_size!r}")
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"faults: kinds must be some of {KINDS}, got {list(kinds)}")
+    if max_nth < 1:
+        raise ValueError(f"faults: max_nth must be >= 1, got {max_nth}")
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Fault:
+        kind = draw(st.sampled_from(tuple(kinds)))
+        return Fault(
+            kind,
+            rank=draw(st.integers(0, world_size - 1)),
+            op=draw(st.sampled_from(tuple(ops))),
+            group=draw(st.sampled_from(tuple(groups))),
+            nth=draw(st.integers(1, max_nth)),
+            mode=draw(st.sampled_from(CORRUPT_MODES)) if kind == "corrupt" else "nan",
+            seconds=delay_seconds,
+        )
+
+    return build()
+
+
+def fault_plans(world_size: int, *, max_faults: int = 2, **fault_options: object) -> st.SearchStrategy[FaultPlan]:
+    """``simdist.FaultPlan`` of 0..``max_faults`` faults drawn by ``faults``; shrinks towards no fault."""
+    return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]
+        lambda drawn: FaultPlan(tuple(drawn))
+    )
+
+
+def fault_to_json(fault: Fault) -> dict[str, object]:
+    """A ``Fault`` as a JSON-able dict (``fault_from_json`` inverts it)."""
+    data = asdict(fault)
+    data["where"] = [list(pair) for pair in fault.where]
+    return data
+
+
+def fault_from_json(data: Mapping[str, object]) -> Fault:
+    fields = dict(data)
+    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[union-attr]
+    return Fault(**fields)  # type: ignore[arg-type]
+
+
+class ProbeFault(NamedTuple):
+    """An exception raised on ``rank`` when the code under test reaches the named
+    probe ``point`` (code under test calls a probe at points of its own), on
+    the first attempt only; the retry runs clean."""
+
+    point: str
+    rank: int
+
+
+def probe_faults(points: Sequence[str], world_size: int) -> st.SearchStrategy[ProbeFault]:
+    """A probe point (from ``points``, listed simplest first) and a rank."""
+    if not points:
+        raise ValueError("probe_faults: need at least one probe point")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"probe_faults: world_size must be a positive int, got {world_size!r}")
+    return st.builds(ProbeFault, st.sampled_from(tuple(points)), st.integers(0, world_size - 1))

@@ -1,0 +1,293 @@
+"""Fuzz cases of ``soft_cross_entropy`` alone, on a TP group with uneven vocabulary shards.
+
+``CotrainWorker`` shards its vocabulary evenly, so the uneven splits that
+real vocabularies make (50257 over 4 ranks) are fuzzed here, on the loss
+itself, against ``soft_ce_reference`` (float64, full vocabulary, no
+draft_loss code). The mask is the draft's own (already aligned) mask, so
+its valid tokens differ from any policy mask by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping
+
+import torch
+from hypothesis import strategies as st
+
+import simdist
+from draft_loss import soft_cross_entropy
+from simdist import Layout
+from simdist.strategies import ReductionChoice, bin_weights, dtype_names, mask_rows, reductions
+from soft_ce_reference import reference_stats
+
+MAX_TP = 4
+
+
+@dataclass(frozen=True)
+class SoftCECase:
+    shards: tuple[int, ...]  # vocabulary shard size of each TP rank (the TP size is their number)
+    mask: tuple  # [batch][seq] floats
+    token_chunk_size: int
+    dtype: str
+    bin_weights: tuple[float, ...]
+    single_bin: int | None  # every token in this bin; None: bins from the seed
+    seed: int  # logits, bins, upstream gradient
+    reduction: str
+    reduction_seed: int
+    teacher_neg_inf: bool  # some teacher logits are -inf (probability 0)
+    overwrite: bool  # overwrite_student_with_grad
+    bad_input: Mapping[str, Any] | None = None  # {"kind": ..., "rank": r}
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["shards"] = list(self.shards)
+        data["mask"] = [list(row) for row in self.mask]
+        data["bin_weights"] = list(self.bin_weights)
+        data["bad_input"] = None if self.bad_input is None else dict(self.bad_input)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SoftCECase":
+        fields = dict(data)
+        fields["shards"] = tuple(int(s) for s in fields["shards"])
+        fields["mask"] = tuple(tuple(float(v) for v in row) for row in fields["mask"])
+        fields["bin_weights"] = tuple(float(w) for w in fields["bin_weights"])
+        if fields.get("bad_input") is not None:
+            fields["bad_input"] = dict(fields["bad_input"])
+        return cls(**fields)
+
+    @property
+    def tp(self) -> int:
+        return len(self.shards)
+
+    @property
+    def vocab_size(self) -> int:
+        return sum(self.shards)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Full-vocabulary logits (in the case's dtype), mask, bins, weights and the
+        upstream gradient of the numerators, all from the seed."""
+        generator = torch.Generator().manual_seed(self.seed)
+        mask = torch.tensor(self.mask, dtype=torch.float32)
+        shape = (*mask.shape, self.vocab_size)
+        dtype = getattr(torch, self.dtype)
+        student = (torch.randn(shape, generator=generator) * 3).to(dtype)
+        teacher = (torch.randn(shape, generator=generator) * 3).to(dtype)
+        if self.teacher_neg_inf:
+            hole = torch.rand(shape, generator=generator) < 0.3
+            hole[..., 0] = False  # every token keeps a finite teacher logit
+            teacher = teacher.masked_fill(hole, float("-inf"))
+        num_bins = len(self.bin_weights)
+        if self.single_bin is None:
+            bins = torch.randint(0, num_bins, tuple(mask.shape), generator=generator)
+        else:
+            bins = torch.full(tuple(mask.shape), self.single_bin, dtype=torch.int64)
+        weights = torch.tensor(self.bin_weights, dtype=torch.float32)
+        upstream = weights * (0.5 + torch.rand(num_bins, generator=generator))
+        return {"student": student, "teacher": teacher, "mask": mask, "bins": bins, "weights": weights,
+                "upstream": upstream}
+
+    def cover(self) -> dict[str, Any]:
+        tokens = len(self.mask) * len(self.mask[0])
+        counts = torch.tensor(self.mask).sum()
+        return {
+            "tp": self.tp, "world": self.tp, "dtype": self.dtype, "reduction": self.reduction,
+            "zero_count": "draft" if float(counts) == 0 else "none", "fault": "none", "clip": False,
+            "uneven_vocab": len(set(self.shards)) > 1,
+            "chunk_vs_tokens": "1" if self.token_chunk_size == 1 else (
+                "< tokens" if self.token_chunk_size < tokens else ">= tokens"),
+            "teacher_neg_inf": self.teacher_neg_inf, "overwrite": self.overwrite,
+        }
+
+
+@st.composite
+def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
+    """Uneven vocabulary shards (1..9 entries per rank) over 1..4 TP ranks, masks by
+    ``mask_rows``, chunk sizes from 1 to beyond the token count."""
+    tp = draw(st.integers(min_tp, MAX_TP))
+    shards = tuple(draw(st.lists(st.integers(1, 9), min_size=tp, max_size=tp)))
+    batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    mask = tuple(tuple(draw(mask_rows(seq))) for _ in range(batch))
+    weights = draw(bin_weights((1, 4)))
+    single_bin = draw(st.integers(0, len(weights) - 1)) if draw(st.booleans()) else None
+    reduction: ReductionChoice = draw(reductions())
+    return SoftCECase(
+        shards=shards, mask=mask, token_chunk_size=draw(st.integers(1, batch * seq + 2)),
+        dtype=draw(dtype_names()), bin_weights=weights, single_bin=single_bin, seed=draw(st.integers(0, 2**16)),
+        reduction=reduction.model, reduction_seed=reduction.seed, teacher_neg_inf=draw(st.booleans()),
+        overwrite=draw(st.booleans()),
+    )
+
+
+# float32 maths from the same (rounded) inputs as the float64 reference. A
+# token's CE is a difference ``logsumexp(s) - E_z[s]`` of two terms of size up
+# to ``max|s| + log V``; float32 rounds each term (and the exp-sums behind
+# them) a few times at 6e-8, so a numerator carries an absolute error of a few
+# 1e-7 of ``sum_t mask_t (2 max|s_t| + log V)`` (its "term scale"), whatever
+# its own size after cancellation: atol is 1e-6 of that. Gradients are a
+# difference of two float32 softmaxes (atol 1e-6 of the largest gradient
+# entry, rtol 1e-4); bfloat16 only changes the returned gradient, rounded once
+# to 8 significant bits (relative 2**-9; we allow 2**-7 and 4e-3 of the scale).
+TOLERANCES = {
+    "float32": {"numerators": (1e-5, 1e-6), "grad": (1e-4, 1e-6)},
+    "bfloat16": {"numerators": (1e-5, 1e-6), "grad": (8e-3, 4e-3)},
+}
+
+
+def _body(ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None):
+    start = sum(case.shards[: ctx.rank])
+    columns = slice(start, start + case.shards[ctx.rank])
+    leaf = tensors["student"][..., columns].clone().requires_grad_(True)
+    student = leaf * 1 if case.overwrite else leaf  # overwriting needs a non-leaf
+    arguments = dict(
+        student_logits=student, teacher_logits=tensors["teacher"][..., columns].clone(), mask=tensors["mask"],
+        tp_group=ctx.groups.tp if case.tp > 1 else None, token_chunk_size=case.token_chunk_size,
+        bin_ids=tensors["bins"], weights=tensors["weights"], overwrite_student_with_grad=case.overwrite,
+    )
+    if spoil_rank is not None:
+        if ctx.rank == spoil_rank:
+            _spoil(arguments, case.bad_input["kind"])
+        try:
+            soft_cross_entropy(**arguments)
+        except (ValueError, TypeError) as error:
+            return type(error).__name__, str(error)
+        return None
+    stats = soft_cross_entropy(**arguments)
+    (stats.numerators * tensors["upstream"]).sum().backward()
+    return stats.numerators.detach(), stats.counts, leaf.grad
+
+
+def _run(case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None) -> list[Any]:
+    choice = ReductionChoice(case.reduction, case.reduction_seed)
+    try:
+        return simdist.run(_body, layout=Layout(tp=case.tp), args=(case, tensors, spoil_rank), timeout=120.0,
+                           **choice.run_kwargs())
+    except simdist.SimulationError as error:
+        raise AssertionError(
+            f"soft_cross_entropy raised {type(error).__name__} (first failure: {error.__cause__!r}): {error}"
+        ) from error
+
+
+def _ratio(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str) -> float:
+    actual, expected = actual.to(torch.float64), expected.to(torch.float64)
+    error = (actual - expected).abs()
+    allowed = atol + rtol * expected.abs()
+    ok = torch.isfinite(actual) == torch.isfinite(expected)
+    worst = float((error / allowed).nan_to_num(float("inf")).max()) if error.numel() else 0.0
+    if not bool(ok.all()) or worst > 1.0:
+        raise AssertionError(
+            f"{what}: error {worst:.3g}x the tolerance (rtol={rtol}, atol={atol:.3e}):\n"
+            f"got      {actual.tolist()}\nexpected {expected.tolist()}"
+        )
+    return worst
+
+
+def check_soft_ce(case: SoftCECase) -> float:
+    """Runs the case and compares with the reference; returns the worst error / tolerance."""
+    tensors = case.tensors()
+    per_rank = _run(case, tensors, None)
+    student64 = tensors["student"].to(torch.float64).requires_grad_(True)
+    ref = reference_stats(
+        student64, tensors["teacher"].to(torch.float64), tensors["mask"], tensors["bins"], tensors["weights"],
+        num_bins=len(case.bin_weights),
+    )
+    (ref.numerators * tensors["upstream"].to(torch.float64)).sum().backward()
+    tol = TOLERANCES[case.dtype]
+    student = tensors["student"].to(torch.float64)
+    per_token = 2 * student.abs().amax(dim=-1) + torch.log(torch.tensor(float(case.vocab_size)))
+    scale = float((tensors["mask"].to(torch.float64) * per_token).sum()) or 1.0
+    grad_scale = float(student64.grad.abs().max()) or 1.0
+    worst = 0.0
+    for rank, (numerators, counts, grad) in enumerate(per_rank):
+        rtol, atol = tol["numerators"]
+        worst = max(worst, _ratio(numerators, ref.numerators.detach(), rtol, atol * scale, f"TP rank {rank} numerators"))
+        worst = max(worst, _ratio(counts, ref.counts, 0.0, 1e-6, f"TP rank {rank} counts"))
+        start = sum(case.shards[:rank])
+        expected = student64.grad[..., start:start + case.shards[rank]]
+        rtol, atol = tol["grad"]
+        worst = max(worst, _ratio(grad, expected, rtol, atol * grad_scale, f"TP rank {rank} gradient"))
+    return worst
+
+
+# ---------------------------------------------------------------- bad input
+
+# Kind -> what the error says (on every TP rank alike).
+SOFT_CE_BAD_INPUT = {
+    "chunk_size_differs": "token_chunk_size",
+    "chunk_size_zero": "token_chunk_size must be >= 1",
+    "mask_differs": "mask values",
+    "mask_negative": "mask values must be finite and >= 0",
+    "bins_differ": "bin_ids values",
+    "bin_out_of_range": "bin_ids must be < len(weights)",
+    "weights_differ": "weights values",
+    "weights_negative": "weights must be finite and >= 0",
+    "student_dtype_differs": "student_logits dtype",
+    "teacher_shape": "teacher_logits must have the shape of student_logits",
+    "leading_shape_differs": "leading",
+    "mask_shape": "mask must have the logits' leading shape",
+}
+
+
+@st.composite
+def soft_ce_bad_input_cases(draw: st.DrawFn) -> SoftCECase:
+    # Disagreement needs a peer: at least two TP ranks.
+    case = draw(soft_ce_cases(min_tp=2))
+    bad = {"kind": draw(st.sampled_from(tuple(SOFT_CE_BAD_INPUT))), "rank": draw(st.integers(0, case.tp - 1))}
+    return replace(case, bad_input=bad)
+
+
+def _spoil(arguments: dict[str, Any], kind: str) -> None:
+    a = arguments
+    if kind == "chunk_size_differs":
+        a["token_chunk_size"] += 1
+    elif kind == "chunk_size_zero":
+        a["token_chunk_size"] = 0
+    elif kind == "mask_differs":
+        a["mask"] = a["mask"].clone()
+        a["mask"].view(-1)[0] += 1.0
+    elif kind == "mask_negative":
+        a["mask"] = a["mask"].clone()
+        a["mask"].view(-1)[-1] = -1.0
+    elif kind == "bins_differ":
+        a["bin_ids"] = a["bin_ids"].clone()
+        if len(a["weights"]) == 1:  # one bin: make room for a second one
+            a["weights"] = torch.cat([a["weights"], a["weights"]])
+        a["bin_ids"].view(-1)[0] = (int(a["bin_ids"].view(-1)[0]) + 1) % len(a["weights"])
+    elif kind == "bin_out_of_range":
+        a["bin_ids"] = a["bin_ids"].clone()
+        a["bin_ids"].view(-1)[0] = len(a["weights"])
+    elif kind == "weights_differ":
+        a["weights"] = a["weights"] + 1.0
+    elif kind == "weights_negative":
+        a["weights"] = a["weights"].clone()
+        a["weights"][0] = -1.0
+    elif kind == "student_dtype_differs":
+        other = torch.float16 if a["student_logits"].dtype != torch.float16 else torch.float32
+        a["student_logits"] = a["student_logits"].detach().to(other)
+        a["overwrite_student_with_grad"] = False
+    elif kind == "teacher_shape":
+        a["teacher_logits"] = a["teacher_logits"][..., :-1] if a["teacher_logits"].shape[-1] > 1 else torch.cat(
+            [a["teacher_logits"], a["teacher_logits"]], dim=-1)
+    elif kind == "leading_shape_differs":
+        vocab = a["student_logits"].shape[-1]
+        # [batch, seq] tokens flattened to [tokens]: valid on its own, not what the peers pass.
+        a["student_logits"] = a["student_logits"].reshape(-1, vocab)
+        a["teacher_logits"] = a["teacher_logits"].reshape(-1, vocab)
+        a["mask"] = a["mask"].reshape(-1)
+        a["bin_ids"] = a["bin_ids"].reshape(-1)
+    elif kind == "mask_shape":
+        a["mask"] = torch.cat([a["mask"], a["mask"][:, :1]], dim=1)
+    else:
+        raise ValueError(f"unknown soft_cross_entropy bad-input kind {kind!r}; expected one of {tuple(SOFT_CE_BAD_INPUT)}")
+
+
+def run_soft_ce_bad_input(case: SoftCECase) -> None:
+    """Every TP rank raises one identical ValueError/TypeError naming the problem."""
+    outcomes = _run(case, case.tensors(), case.bad_input["rank"])
+    kind = case.bad_input["kind"]
+    for rank, outcome in enumerate(outcomes):
+        assert outcome is not None, f"TP rank {rank} did not raise although rank {case.bad_input['rank']} had {kind}"
+        assert outcome == outcomes[0], f"TP ranks raised different errors: rank 0 {outcomes[0]}, rank {rank} {outcome}"
+    name, message = outcomes[0]
+    assert SOFT_CE_BAD_INPUT[kind] in message, f"{kind}: expected the error to say {SOFT_CE_BAD_INPUT[kind]!r}, got {name}: {message}"

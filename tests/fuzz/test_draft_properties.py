@@ -1,0 +1,178 @@
+"""draft_loss's fuzz properties: the default target of ``simdist fuzz``.
+
+Each property draws a plain-data case (``draft_cases``, ``soft_ce_cases``),
+runs the real ``draft_loss`` code on simdist and compares with an independent
+reference: the float64 single-process step, the monolithic step, a clean run.
+Properties take only their case, so ``simdist replay`` can call them with a
+case decoded from JSON; settings (examples, database) come from the profile
+the campaign or pytest loads.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Replay imports this file by path: make its helpers importable without pytest.
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from cotrain_faults import assert_bitwise_equal  # noqa: E402
+from cotrain_harness import check_against, check_ranks_agree, reference_of  # noqa: E402
+from draft_cases import DraftCase, bad_input_cases, draft_cases, fault_cases  # noqa: E402
+from draft_loss.cotrain import CotrainWorker  # noqa: E402
+from draft_runs import (  # noqa: E402
+    BAD_INPUT_MESSAGES,
+    PEER_MESSAGE,
+    check_replicas_agree,
+    cover,
+    fault_then_retry,
+    run_bad_input,
+    run_valid,
+    steer,
+    tolerance,
+    unexpected_failures,
+    worst_ratio,
+)
+from simdist import fuzz  # noqa: E402
+from soft_ce_cases import SoftCECase, check_soft_ce, run_soft_ce_bad_input, soft_ce_bad_input_cases, soft_ce_cases  # noqa: E402
+
+# A case runs whole simulated worlds: no per-example deadline, and drawing
+# nested masks may be slow under load.
+relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@relaxed
+@given(case=draft_cases())
+@fuzz.replayable(DraftCase.from_json)
+def test_layout_invariance(case: DraftCase) -> None:
+    """1. The applied update (parameters, grad norms, metrics) of either mode equals
+    the float64 single-process reference of the global batch, on every rank."""
+    cover(**case.cover(), mode=case.mode, chunk_vs_tokens=_chunk_feature(case))
+    results = run_valid(case, (case.mode,))[case.mode]
+    check_replicas_agree(case, results, case.mode)
+    check_ranks_agree(case.layout, results, case.mode)
+    assert not results[0].skipped, f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
+    reference = reference_of(case.config(), case.global_batch())
+    rtol, atol = tolerance(case, "vs_reference")
+    steer(
+        worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True),
+        label="layout invariance: worst error / tolerance vs float64",
+    )
+    check_against(
+        case.layout, results, lambda rank: reference, rtol=rtol, atol_fraction=atol,
+        what=f"{case.mode} vs float64 reference", tp_sharded_expected=True,
+    )
+
+
+@relaxed
+@given(case=draft_cases())
+@fuzz.replayable(DraftCase.from_json)
+def test_split_equals_monolithic(case: DraftCase) -> None:
+    """2. A split step over 1..4 microbatches equals the monolithic step, on every rank
+    (same world, same reduction order; float32 to summation-order rounding)."""
+    cover(**case.cover(), chunk_vs_tokens=_chunk_feature(case))
+    results = run_valid(case, ("monolithic", "split"))
+    mono, split = results["monolithic"], results["split"]
+    for mode, per_rank in results.items():
+        check_replicas_agree(case, per_rank, mode)
+        check_ranks_agree(case.layout, per_rank, mode)
+        assert not per_rank[0].skipped, f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
+    rtol, atol = tolerance(case, "split_vs_monolithic")
+    steer(
+        worst_ratio(case, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol, tp_sharded_expected=False),
+        label="split vs monolithic: worst error / tolerance",
+    )
+    check_against(
+        case.layout, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol,
+        what="split vs monolithic", tp_sharded_expected=False,
+    )
+
+
+@relaxed
+@given(case=fault_cases())
+@fuzz.replayable(DraftCase.from_json)
+def test_fault_then_retry_equals_clean_run(case: DraftCase) -> None:
+    """3. A fault on one rank (an exception at a probe point of the step, or a simdist
+    crash/timeout/abort/delay at a collective), then a retry of the same batch on a
+    fresh world, equals a clean run bit for bit; a fault that aborts nothing
+    (a delay, a call that never comes) changes nothing."""
+    clean, retried, outcome = fault_then_retry(case)
+    cover(**case.cover(), warmup=case.warmup, fault_fired=bool(outcome.errors))
+    problems = unexpected_failures(outcome)
+    assert not problems, "the faulty attempt failed in ways the fault does not explain:\n" + "\n".join(problems)
+    assert_bitwise_equal(retried, clean)
+
+
+@relaxed
+@given(case=bad_input_cases())
+@fuzz.replayable(DraftCase.from_json)
+def test_bad_input_fails_on_every_rank(case: DraftCase) -> None:
+    """4. Bad input on one rank makes every rank raise a clear ValueError/TypeError
+    (the bad rank names the argument, its peers say another rank's input was bad),
+    before any state is kept; never a hang, never a SimulationError."""
+    kind, bad_rank = case.bad_input["kind"], case.bad_input["rank"]
+    cover(**case.cover(), bad_input=kind)
+    outcomes = run_bad_input(case)
+    for rank, outcome in enumerate(outcomes):
+        error = outcome["error"]
+        assert error is not None, f"rank {rank} did not raise although rank {bad_rank} had bad input ({kind})"
+        expected = BAD_INPUT_MESSAGES[kind] if rank == bad_rank else PEER_MESSAGE
+        assert expected in str(error), f"rank {rank}: expected an error saying {expected!r}, got {type(error).__name__}: {error}"
+        assert outcome["state"] == "idle", f"rank {rank}: draft state left in phase {outcome['state']}"
+
+
+def _two_steps_body(ctx, case, config, batches, modes):
+    from cotrain_harness import groups_of
+
+    worker = CotrainWorker(config, groups_of(ctx))
+    batch = batches[ctx.coords.dp]
+    return {mode: worker.train_step(batch, mode=mode, num_microbatches=case.microbatches) for mode in modes}
+
+
+@relaxed
+@given(case=draft_cases())
+@fuzz.replayable(DraftCase.from_json)
+def test_valid_input_never_raises_simulation_error(case: DraftCase) -> None:
+    """5. Valid input never raises a SimulationError (no mismatch, deadlock or timeout):
+    here one worker takes consecutive steps, in both modes, on one world; metrics
+    and grad norms agree on every rank. (Properties 1 and 2 also fail on any
+    SimulationError from valid input.)"""
+    cover(**case.cover())
+    other = "monolithic" if case.mode == "split" else "split"
+    results = run_valid(case, (case.mode, other), body=_two_steps_body)
+    for mode, per_rank in results.items():
+        check_replicas_agree(case, per_rank, mode)
+        check_ranks_agree(case.layout, per_rank, mode)
+
+
+@relaxed
+@given(case=soft_ce_cases())
+@fuzz.replayable(SoftCECase.from_json)
+def test_soft_ce_matches_reference(case: SoftCECase) -> None:
+    """1 (loss level). soft_cross_entropy over vocabulary shards of uneven sizes,
+    any token_chunk_size, matches a float64 full-vocabulary reference:
+    numerators, counts and every rank's gradient shard."""
+    cover(**case.cover())
+    steer(check_soft_ce(case), label="soft_cross_entropy: worst error / tolerance vs float64")
+
+
+@relaxed
+@given(case=soft_ce_bad_input_cases())
+@fuzz.replayable(SoftCECase.from_json)
+def test_soft_ce_bad_input_fails_on_every_tp_rank(case: SoftCECase) -> None:
+    """4 (loss level). Bad or disagreeing arguments on one TP rank (shapes, dtypes,
+    masks, bins, weights, chunk size) raise the same error on every TP rank."""
+    cover(**case.cover(), bad_input=case.bad_input["kind"])
+    run_soft_ce_bad_input(case)
+
+
+def _chunk_feature(case: DraftCase) -> str:
+    rows = len(case.masks[0][0])
+    tokens = rows * case.seq_len  # the tokens of one microbatch on DP rank 0
+    if case.token_chunk_size == 1:
+        return "1"
+    return "< tokens" if case.token_chunk_size < tokens else ("= tokens" if case.token_chunk_size == tokens else "> tokens")
