@@ -445,7 +445,9 @@ class CotrainWorker:
         params = list(self.params.values())
         metrics = self._share_metrics(metrics)
         grads_after = {name: p.main_grad.clone() for name, p in self.params.items()}
-        norms_t = _grads.group_grad_norms(params, tp_group=self.groups.tp, pp_group=self.groups.pp)
+        norms_t = _grads.group_grad_norms(
+            params, tp_group=self.groups.tp, pp_group=self.groups.pp, agree_group=_world_group()
+        )
         norms = {name: float(value) for name, value in norms_t.items()}
         # Everything after the last collective that can fail runs before the
         # ranks agree to commit: one rank failing here must not leave the
@@ -491,11 +493,17 @@ class CotrainWorker:
         return {name: value for name, value in pairs if value is not None}
 
     def _agree(self, ok: bool) -> bool:
-        """True on every rank iff ``ok`` on every rank (MIN over TP, then PP, then DP x CP: the world)."""
+        """True on every rank iff ``ok`` on every rank: one MIN all-reduce over the world.
+
+        One collective, not a MIN per axis: with hops over TP, then PP, then
+        DP, a rank failing in the last hop leaves the other stages' DP groups
+        complete, and they would commit a step that the retry applies again.
+        """
+        world = _world_group()
+        if world is None:
+            return ok
         flag = torch.tensor([1.0 if ok else 0.0])
-        for group in (self.groups.tp, self.groups.pp, self.groups.data_parallel()):
-            if group is not None:
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=world)
         return bool(flag.item() > 0)
 
     def _cp_disagreement(self, batch: CotrainBatch | None, mode: str, num_microbatches: int) -> str | None:
@@ -671,6 +679,11 @@ class CotrainWorker:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _world_group() -> dist.ProcessGroup | None:
+    """Every rank of the job, or None for a single process without torch.distributed."""
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
 def _call(probe: Probe | None, point: str) -> None:

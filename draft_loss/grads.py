@@ -145,6 +145,7 @@ def group_grad_norms(
     *,
     tp_group: dist.ProcessGroup | None,
     pp_group: dist.ProcessGroup | None,
+    agree_group: dist.ProcessGroup | None = None,
 ) -> dict[str, torch.Tensor]:
     """L2 norm of each group's main grads over the whole model, identical on every rank.
 
@@ -158,6 +159,13 @@ def group_grad_norms(
     Main grads must be identical across DP and CP (already all-reduced over
     DP x CP; parameters are replicated over CP), so the result is identical
     on every rank without a DP or CP collective, which would count them again.
+
+    Identical up to the last bit only if every TP and PP group adds in the
+    same order. Different groups may not (NCCL picks rings per communicator;
+    simdist's ``shuffled`` model orders each group its own way), and then DP
+    replicas or TP columns clip by coefficients a bit apart and drift. Pass
+    ``agree_group`` (the whole world) for one more MAX all-reduce of the two
+    norms that makes them bitwise identical on its members.
     """
     params = list(params)
     device = params[0].device if params else torch.device("cpu")
@@ -172,6 +180,8 @@ def group_grad_norms(
     for group_handle in (tp_group, pp_group):
         if group_handle is not None:
             dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group_handle)
+    if agree_group is not None:
+        dist.all_reduce(squares, op=dist.ReduceOp.MAX, group=agree_group)
     return {name: squares[i].sqrt() for i, name in enumerate(GROUPS)}
 
 

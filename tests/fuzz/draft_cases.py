@@ -34,9 +34,9 @@ from simdist.strategies import (
     token_distributions,
 )
 
-# CotrainWorker refuses cp > 1 today. When it accepts it, set this to True:
-# layouts then draw cp too and every property runs on it.
-CP_SUPPORTED = False
+# CotrainWorker accepts cp > 1 (load-balanced shards, draft_loss.context_parallel):
+# layouts draw cp too and every property runs on it. False leaves cp at 1.
+CP_SUPPORTED = True
 
 HIDDEN_SIZE = 8
 FFN_SIZE = 12  # divisible by every TP degree 1..4, as CotrainWorker requires
@@ -45,35 +45,6 @@ MAX_SEQ_LEN = 6
 # With clipping on, limits far below the grad norms of this tiny model, so the
 # clip is active whenever a group has any gradient.
 CLIP_NORMS = {"policy_max_grad_norm": 0.05, "draft_max_grad_norm": 0.02}
-
-
-# Known findings: properties the real code fails today. While one is being
-# fixed, a campaign can leave out the cases that trigger it, e.g.
-#   SIMDIST_FUZZ_EXCLUDE=order-dependent-grad-norms
-# (comma-separated). By default nothing is left out.
-FINDINGS = {
-    # group_grad_norms promises norms identical on every rank, but sums the
-    # squares over each DP replica's (or TP column's) own PP group: with an
-    # order-dependent reduction (simdist's "shuffled", NCCL rings laid out
-    # differently per communicator) replicas get norms a last bit apart, so
-    # their clip coefficients, and then their parameters, drift apart.
-    "order-dependent-grad-norms": "draws no 'shuffled' reduction",
-    # train_step's commit agreement is a MIN over TP, then PP, then DP. A rank
-    # that fails inside the last (DP) all-reduce stops only its own DP group:
-    # the other stages' DP groups finish, see "everyone ok" and commit, so a
-    # retry applies their step twice. On simdist it depends on whether they
-    # finish before the failure reaches them (flaky); on NCCL, where other
-    # communicators never hear of it, they always do.
-    "partial-commit-at-agreement": "draws probe faults only, no collective faults",
-}
-
-
-def excluded_findings() -> set[str]:
-    names = {n.strip() for n in os.environ.get("SIMDIST_FUZZ_EXCLUDE", "").split(",") if n.strip()}
-    unknown = names - set(FINDINGS)
-    if unknown:
-        raise ValueError(f"SIMDIST_FUZZ_EXCLUDE: unknown finding(s) {sorted(unknown)}; known: {sorted(FINDINGS)}")
-    return names
 
 
 def max_world_size() -> int:
@@ -242,8 +213,7 @@ def draft_cases(
         # Every token in one bin; a weight-0 bin zeroes the draft count alone.
         single_bin = draw(st.integers(0, len(weights) - 1))
     chunk = draw(chunk_sizes(max(len(m[0]) * seq_len for m in masks)))
-    models = ("rank", "ring", "tree") if "order-dependent-grad-norms" in excluded_findings() else REDUCTION_NAMES
-    reduction = draw(reductions(models))
+    reduction = draw(reductions(REDUCTION_NAMES))
     return DraftCase(
         tp=layout.tp, cp=layout.cp, dp=layout.dp, pp=layout.pp, microbatches=microbatches, seq_len=seq_len,
         masks=_tuples(masks), vocab_size=layout.tp * draw(st.integers(2, 6)), token_chunk_size=chunk,
@@ -285,8 +255,7 @@ def fault_cases(draw: st.DrawFn, *, max_world: int | None = None) -> DraftCase:
     communicator abort, delay) at the n-th matching collective."""
     case = draw(draft_cases(max_world=max_world, modes=("split",)))
     world = case.layout.world_size
-    probe_only = "partial-commit-at-agreement" in excluded_findings()
-    if probe_only or draw(st.booleans()):
+    if draw(st.booleans()):
         probe = draw(probe_faults(probe_points(case.microbatches), world))
         fault: dict[str, Any] = {"probe": probe.point, "rank": probe.rank}
     else:
@@ -355,7 +324,7 @@ def spoil(batch: CotrainBatch, kind: str, config: CotrainConfig) -> tuple[Any, s
 
 
 __all__ = [
-    "BAD_INPUT_KINDS", "CP_SUPPORTED", "DraftCase", "FINDINGS", "bad_input_cases", "chunk_sizes", "draft_cases",
-    "excluded_findings", "fault_cases",
+    "BAD_INPUT_KINDS", "CP_SUPPORTED", "DraftCase", "bad_input_cases", "chunk_sizes", "draft_cases",
+    "fault_cases",
     "fault_plan_of", "max_world_size", "probe_points", "spoil",
 ]

@@ -17,7 +17,14 @@ import simdist
 from simdist import fuzz
 from cotrain_harness import TOLERANCES, groups_of, shard
 from draft_cases import DraftCase, fault_plan_of, spoil
-from draft_loss.cotrain import METRIC_NAMES, CotrainBatch, CotrainWorker, StepAbortedError, StepResult
+from draft_loss.cotrain import (
+    METRIC_NAMES,
+    CotrainBatch,
+    CotrainWorker,
+    StepAbortedError,
+    StepResult,
+    shard_batch_for_cp,
+)
 
 RUN_TIMEOUT_S = 120.0
 
@@ -46,8 +53,15 @@ def steer(score: float, *, label: str) -> None:
 # ----------------------------------------------------------------- valid runs
 
 
-def _modes_body(ctx, case: DraftCase, config, batches: Sequence[CotrainBatch], modes: Sequence[str]):
+def rank_batch(ctx, batches: Sequence[CotrainBatch]) -> CotrainBatch:
+    """This rank's batch: its DP replica's rows, its CP shard of the sequence."""
     batch = batches[ctx.coords.dp]
+    cp = ctx.layout.cp if ctx.layout is not None else 1
+    return shard_batch_for_cp(batch, ctx.coords.cp, cp) if cp > 1 else batch
+
+
+def _modes_body(ctx, case: DraftCase, config, batches: Sequence[CotrainBatch], modes: Sequence[str]):
+    batch = rank_batch(ctx, batches)
     out = {}
     for mode in modes:
         worker = CotrainWorker(config, groups_of(ctx))
@@ -189,7 +203,7 @@ def _fault_body(ctx, workers: dict, config, batches, case: DraftCase, probe_faul
             if reached == point:
                 raise ProbeFault(f"probe fault at {point!r} on rank {ctx.rank}")
 
-    return worker.train_step(batches[ctx.coords.dp], mode="split", num_microbatches=case.microbatches, probe=probe)
+    return worker.train_step(rank_batch(ctx, batches), mode="split", num_microbatches=case.microbatches, probe=probe)
 
 
 def fault_then_retry(case: DraftCase) -> tuple[list[StepResult], list[StepResult], simdist.RetryOutcome]:
@@ -251,7 +265,7 @@ PEER_MESSAGE = "another rank's arguments were invalid"
 
 def _bad_input_body(ctx, case: DraftCase, config, batches, modes):
     bad = case.bad_input
-    batch, mode, microbatches = batches[ctx.coords.dp], case.mode, case.microbatches
+    batch, mode, microbatches = rank_batch(ctx, batches), case.mode, case.microbatches
     if bad["kind"] == "too_many_microbatches":
         mode = "split"  # only a split step needs a row per microbatch
     if ctx.rank == bad["rank"]:

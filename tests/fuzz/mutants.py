@@ -209,8 +209,8 @@ def grad_norm_without_pp_reduction() -> Undo:
     (and clips by) its own stages' norm only."""
     original = grads.group_grad_norms
 
-    def norms(params, *, tp_group, pp_group):
-        return original(params, tp_group=tp_group, pp_group=None)
+    def norms(params, *, tp_group, pp_group, **rest):
+        return original(params, tp_group=tp_group, pp_group=None, **rest)
 
     return _patch((cotrain._grads, "group_grad_norms", norms))
 

@@ -30,6 +30,7 @@ from draft_runs import (  # noqa: E402
     check_replicas_agree,
     cover,
     fault_then_retry,
+    rank_batch,
     run_bad_input,
     run_valid,
     steer,
@@ -129,7 +130,7 @@ def _two_steps_body(ctx, case, config, batches, modes):
     from cotrain_harness import groups_of
 
     worker = CotrainWorker(config, groups_of(ctx))
-    batch = batches[ctx.coords.dp]
+    batch = rank_batch(ctx, batches)
     return {mode: worker.train_step(batch, mode=mode, num_microbatches=case.microbatches) for mode in modes}
 
 
