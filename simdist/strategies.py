@@ -30,7 +30,8 @@ def layouts(
     max_degree: int = 4,
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
-    (other axes stay 1); non-power-of-two degrees included. Pass
+    (other axes stay 1); non-power-of-two degrees included; small worlds as
+    often as large ones. Pass
     ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
     towards a single rank, then towards the smallest degrees, first axis first."""
     for axis in axes:
@@ -39,10 +40,15 @@ def layouts(
     if max_world_size < 1 or max_degree < 1:
         raise ValueError(f"max_world_size and max_degree must be >= 1, got {max_world_size}, {max_degree}")
 
+    # Most bugs show in small worlds and small worlds are cheap, so a bound is
+    # drawn first, small ones as often as large ones: 2, 4, 8, ... up to
+    # max_world_size. Uniform degrees alone would make most worlds large.
+    bounds = sorted({min(max_world_size, 2**k) for k in range(1, max(1, max_world_size).bit_length() + 1)})
+
     @st.composite
     def build(draw: st.DrawFn) -> Layout:
         sizes: dict[str, int] = {}
-        budget = max_world_size
+        budget = draw(st.sampled_from(bounds))
         for axis in axes:
             top = min(max_degree, budget)
             size = draw(st.integers(1, top))

@@ -141,8 +141,6 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
             "SIMDIST_FUZZ_DEADLINE": repr(deadline), "SIMDIST_FUZZ_STARTED": repr(started),
             "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
             "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
-            # Observability without line coverage: coverage tracing would cost more than the cases.
-            "HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY_NOCOVER": "1",
             "PYTHONUNBUFFERED": "1",
         })
         if cfg.max_world_size is not None:

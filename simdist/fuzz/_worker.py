@@ -46,7 +46,9 @@ class _PropertyState:
 
     def examples_for(self, seconds_left: float, properties: int) -> int:
         if self.cases == 0:
-            return 10
+            # A short first round: every property is tried early and its
+            # cost per case measured before the budget is shared out.
+            return 3
         per_case = self.seconds / self.cases
         share = min(_ROUND_SECONDS, max(0.5, seconds_left / max(1, properties)))
         return int(min(_MAX_EXAMPLES, max(_MIN_EXAMPLES, share / max(per_case, 1e-4))))
@@ -102,10 +104,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     settings.load_profile("simdist-fuzz")
     try:
-        from hypothesis.internal.observability import add_observability_callback
+        from hypothesis.internal import observability
     except ImportError:  # an older Hypothesis: no per-case stream, rounds still count
         return
-    add_observability_callback(_observe)
+    # The per-case stream without line coverage, which would cost more than
+    # the cases themselves. (Hypothesis' own switch for this, an environment
+    # variable, also writes every observation to a file.)
+    if hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
+        observability.OBSERVABILITY_COLLECT_COVERAGE = False
+    observability.add_observability_callback(_observe)
 
 
 def _observe(observation: Any) -> None:

@@ -23,6 +23,7 @@ from draft_loss.cotrain import (
     CotrainWorker,
     StepAbortedError,
     StepResult,
+    full_initial_parameters,
     shard_batch_for_cp,
 )
 
@@ -108,6 +109,46 @@ def check_replicas_agree(case: DraftCase, results: list[StepResult], mode: str) 
                     f"(same tp/cp/pp coordinates), max difference {float((value - theirs[name]).abs().max()):.3e}"
                 )
 
+
+
+def check_updates(case: DraftCase, results: list[StepResult], reference: Any) -> float:
+    """float32: each rank's applied update (parameters after minus before) equals
+    the reference's, judged at the scale of the update, not of the parameters.
+
+    The parameters themselves are compared at their own scale (about init_std),
+    where a step's update (about lr x grad) is small: a wrong clip coefficient
+    or a wrong normalisation can hide in that tolerance, but not in this one.
+    The reference's update is float64 from the same rounded initial values; a
+    float32 parameter after the step carries at most 6e-8 x |p| of rounding,
+    far below 1e-4 of the largest update. Returns the worst error / tolerance.
+    bfloat16 is not judged here: rounding a parameter to 8 bits is as large as
+    the update itself.
+    """
+    if case.dtype != "float32":
+        return 0.0
+    rtol, atol_fraction = 1e-4, 1e-4
+    config = case.config()
+    initial = {n: v.to(config.dtype).to(torch.float64) for n, v in full_initial_parameters(config).items()}
+    updates = {n: reference.params[n].to(torch.float64) - initial[n] for n in initial}
+    scale = max((float(u.abs().max()) for u in updates.values() if u.numel()), default=0.0) or 1.0
+    worst = 0.0
+    layout = case.layout
+    for rank, result in enumerate(results):
+        tp_rank = layout.coords(rank).tp
+        for name, param in result.params.items():
+            expected = shard(updates[name], name, tp_rank, layout.tp)
+            actual = param.to(torch.float64) - shard(initial[name], name, tp_rank, layout.tp)
+            error = (actual - expected).abs()
+            allowed = atol_fraction * scale + rtol * expected.abs()
+            ratio = float((error / allowed).max()) if error.numel() else 0.0
+            ratio = ratio if ratio == ratio else float("inf")
+            if ratio > 1.0:
+                raise AssertionError(
+                    f"rank {rank} applied update of {name}: error {float(error.max()):.3e} is {ratio:.2f}x the "
+                    f"tolerance (rtol={rtol}, atol={atol_fraction} x largest update {scale:.3e})"
+                )
+            worst = max(worst, ratio)
+    return worst
 
 
 def worst_ratio(

@@ -29,6 +29,7 @@ from draft_runs import (  # noqa: E402
     PEER_MESSAGE,
     check_replicas_agree,
     cover,
+    check_updates,
     fault_then_retry,
     rank_batch,
     run_bad_input,
@@ -67,6 +68,7 @@ def test_layout_invariance(case: DraftCase) -> None:
         case.layout, results, lambda rank: reference, rtol=rtol, atol_fraction=atol,
         what=f"{case.mode} vs float64 reference", tp_sharded_expected=True,
     )
+    steer(check_updates(case, results, reference), label="layout invariance: worst update error / tolerance (float32)")
 
 
 @relaxed
