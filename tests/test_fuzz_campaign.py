@@ -156,6 +156,18 @@ def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
             os.kill(pid, 0)
 
 
+def test_a_failure_still_shrinking_when_time_is_up_is_reported_unshrunk(tmp_path):
+    target = "tests/fuzz_targets/slow_shrink.py"
+    proc, report = fuzz(tmp_path, "--budget", "1", "--grace", "4", "--seed", "2", "--database", "none",
+                        "--corpus", str(tmp_path / "corpus"), target)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [failure] = report["failures"]
+    assert failure["shrunk"] is False and failure["error_type"] == "AssertionError"
+    assert sum(failure["case"]["values"]) > 0  # a real failing case, written and replayable
+    assert "stopped before shrinking finished" in proc.stderr
+    assert len(list((tmp_path / "corpus").glob("*.json"))) == 1
+
+
 def test_replay_rejects_unusable_files(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -69,6 +69,9 @@ def add_fuzz_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", type=Path, default=None, help="write the campaign as JSON")
     p.add_argument("--junit", type=Path, default=None, help="write a JUnit XML report")
     p.add_argument("-x", "--stop-on-failure", action="store_true", help="stop at the first failure (once shrunk)")
+    p.add_argument("--grace", type=_positive_float, default=120.0,
+                   help="seconds past the budget that failures may still be shrunk (default 120); "
+                        "then workers stop and report the smallest case found so far")
     p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                    help="recorded in the report and in every case file written")
 
@@ -87,7 +90,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
             targets=targets, budget=args.budget, seed=args.seed, workers=args.workers,
             max_world_size=args.max_world_size, database=args.database,
             corpus=None if args.no_corpus else Path(args.corpus), report=args.report, junit=args.junit,
-            stop_on_failure=args.stop_on_failure, tags=dict(args.tag),
+            stop_on_failure=args.stop_on_failure, tags=dict(args.tag), grace=args.grace,
         )
         return run_campaign(cfg).exit_code
     except UsageError as exc:

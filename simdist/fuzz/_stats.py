@@ -28,6 +28,7 @@ class Failure:
     found_after: float
     worker: int
     report: str
+    shrunk: bool = True
     file: str | None = None
 
 
@@ -101,6 +102,7 @@ class CampaignStats:
             property=event["p"], error_type=event.get("error_type", "failure"), error=event.get("error", ""),
             case=event.get("case"), replayable=bool(event.get("replayable")), seed=event.get("seed"),
             found_after=float(event.get("t", 0.0)), worker=worker, report=event.get("report", ""),
+            shrunk=bool(event.get("shrunk", True)),
         )
         # Workers sharing a database can report the same bug twice, one of them
         # unshrunk: Hypothesis does not shrink again a failure it replays from
@@ -133,7 +135,7 @@ class CampaignStats:
                     "replayable": f.replayable, "seed": f.seed, "found_after_s": f.found_after,
                     "first_failing_case_after_s": self.first_failing_case_at.get(f.property),
                     "cases_before_first_failure": self.cases_before_first_failure.get(f.property),
-                    "worker": f.worker, "file": f.file, "report": f.report,
+                    "worker": f.worker, "shrunk": f.shrunk, "file": f.file, "report": f.report,
                 }
                 for f in self.failures
             ],

@@ -68,7 +68,8 @@ def summary_text(stats: CampaignStats, *, elapsed: float, workers: int, seed: in
             lines.append(f"     {f.error_type}: {_first_lines(f.error, 6)}")
             lines.append(f"     ({when}reported after {f.found_after:.1f} s, worker {f.worker})")
             if f.case is not None:
-                lines.append(f"     shrunk case: {json.dumps(f.case, sort_keys=True)}")
+                label = "shrunk case" if f.shrunk else "case (stopped before shrinking finished)"
+                lines.append(f"     {label}: {json.dumps(f.case, sort_keys=True)}")
             if f.file:
                 lines.append(f"     written to {f.file}; replay: simdist replay {f.file}")
             elif not f.replayable:

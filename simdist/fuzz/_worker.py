@@ -43,15 +43,21 @@ class _PropertyState:
     seconds: float = 0.0
     rounds: int = 0
     failed: bool = False
+    last_examples: int = 3
+    last_per_case: float = 0.0
 
     def examples_for(self, seconds_left: float, properties: int) -> int:
         if self.cases == 0:
             # A short first round: every property is tried early and its
             # cost per case measured before the budget is shared out.
             return 3
-        per_case = self.seconds / self.cases
+        # Cases differ in cost (a 16-rank world costs ten 1-rank ones): size
+        # by the slower of the mean and the last round, and grow by at most
+        # 4x a round, so one round cannot overshoot the budget by much.
+        per_case = max(self.seconds / self.cases, self.last_per_case)
         share = min(_ROUND_SECONDS, max(0.5, seconds_left / max(1, properties)))
-        return int(min(_MAX_EXAMPLES, max(_MIN_EXAMPLES, share / max(per_case, 1e-4))))
+        wanted = int(share / max(per_case, 1e-4))
+        return int(min(_MAX_EXAMPLES, 4 * self.last_examples, max(_MIN_EXAMPLES, wanted)))
 
 
 @dataclass
@@ -198,29 +204,42 @@ def _run_round(w: _Worker, prop: _PropertyState, item: pytest.Item, rng: random.
     start = time.perf_counter()
     try:
         item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
+    except KeyboardInterrupt:
+        # Stopped (Ctrl-C, or the campaign's grace period ran out) while
+        # searching or shrinking: a failure already seen is not lost; it is
+        # reported with the smallest case found so far.
+        record = last_failure(fn)
+        if record is not None:
+            _emit_failure(w, prop, seed, record, "stopped before shrinking finished", shrunk=False)
+        raise
     finally:
         w.current = None
     seconds = time.perf_counter() - start
     prop.rounds += 1
     prop.cases += max(1, w.current_cases)
     prop.seconds += seconds
+    prop.last_examples = examples
+    prop.last_per_case = seconds / max(1, w.current_cases)
     w.events.emit("round", p=prop.nodeid, seed=seed, examples=examples, cases=w.current_cases,
                   sec=round(seconds, 3), t=w.elapsed())
     longrepr = w.call_failed.get(item.nodeid)
     if longrepr is None:
         return
+    _emit_failure(w, prop, seed, last_failure(fn), longrepr, shrunk=True)
+
+
+def _emit_failure(w: _Worker, prop: _PropertyState, seed: int, record: Any, report: str, *, shrunk: bool) -> None:
     prop.failed = True
-    record = last_failure(fn)
     marker = _marker(w.run_dir, prop.nodeid)
     first = not marker.exists()
     marker.touch()
     w.events.emit(
-        "failure", p=prop.nodeid, seed=seed, t=w.elapsed(), first=first,
-        replayable=spec_of(fn) is not None,
+        "failure", p=prop.nodeid, seed=seed, t=w.elapsed(), first=first, shrunk=shrunk,
+        replayable=spec_of(prop.function) is not None,
         case=record.case if record else None,
-        error_type=record.error_type if record else _error_type(longrepr),
+        error_type=record.error_type if record else _error_type(report),
         error=record.error if record else "",
-        report=longrepr[-20000:],
+        report=report[-20000:],
     )
 
 
