@@ -187,3 +187,27 @@ def test_bad_rank_local_entries_are_refused() -> None:
         simdist.run(lambda ctx: None, world_size=2, rank_local="random")
     with pytest.raises(ValueError, match="rank_local needs a scheduled run"):
         simdist.run(lambda ctx: None, world_size=2, rank_local=[random], schedule="concurrent")
+
+
+def gauss_body(ctx: simdist.RankContext) -> list[float]:
+    dist.barrier()
+    return [float(v) for v in np.random.randn(3)] + [random.gauss(0.0, 1.0)]
+
+
+def test_numpy_state_including_a_cached_gaussian_is_each_ranks_own() -> None:
+    np.random.seed(11)
+    np.random.randn()  # leaves the second value of a pair cached
+    random.seed(11)
+    random.gauss(0.0, 1.0)  # so does random.gauss
+    start, py_start = np.random.get_state(), random.getstate()
+    want = [float(v) for v in np.random.randn(3)] + [random.gauss(0.0, 1.0)]  # what every forked process draws
+    np.random.set_state(start)
+    random.setstate(py_start)
+    assert simdist.run(gauss_body, world_size=3, timeout=TIMEOUT) == [want] * 3
+    np.random.seed(12)
+    random.seed(12)
+    start, py_start = np.random.get_state(), random.getstate()
+    want = [float(v) for v in np.random.randn(3)] + [random.gauss(0.0, 1.0)]
+    np.random.set_state(start)
+    random.setstate(py_start)
+    assert simdist.run(gauss_body, world_size=3, timeout=TIMEOUT, schedule="random") == [want] * 3
