@@ -216,7 +216,11 @@ class Scheduler:
         # the holder executes; None runs every rank at once.
         self._policy = policy
         self._on_resume = on_resume
-        self._holder: int | None = policy.pick(range(world_size)) if policy else None
+        self._holder: int | None = None
+        if policy is not None:
+            for r in range(world_size):
+                policy.push(r)
+            self._holder = policy.pick(lambda r: True)
         self.switches = 0
         self._describe_rank = describe_rank
         self._on_done = on_done
@@ -520,6 +524,7 @@ class Scheduler:
             slot.waiting_on = None
             self._running += 1
             if self._policy is not None:
+                self._policy.push(rank)
                 if self._holder is None:  # cannot happen while a rank runs; never lose the token
                     self._hand_token_locked()
             elif now:
@@ -540,13 +545,12 @@ class Scheduler:
 
     def _hand_token_locked(self) -> None:
         """The holder blocked or left: give the token to the policy's pick."""
-        runnable = [r for r, s in enumerate(self._slots) if s.state is RankState.RUNNING]
-        if not runnable:
-            self._holder = None
-            return
-        self._holder = self._policy.pick(runnable)  # type: ignore[union-attr]
-        self.switches += 1
-        self._slots[self._holder].parker.unpark()
+        slots = self._slots
+        self._holder = self._policy.pick(  # type: ignore[union-attr]
+            lambda r: slots[r].state is RankState.RUNNING)
+        if self._holder is not None:
+            self.switches += 1
+            slots[self._holder].parker.unpark()
 
     def _nothing_runnable_locked(self) -> None:
         """Scheduled, a rank that waits while no rank can run waits forever,
@@ -690,6 +694,8 @@ class Scheduler:
             slot.state = RankState.RUNNING
             slot.waiting_on = None
             self._running += 1
+            if self._policy is not None:
+                self._policy.push(rank)
         slot.interrupt = error
         slot.parker.unpark()
 
