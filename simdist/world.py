@@ -304,6 +304,11 @@ def run(
     results: list[Any] = [None] * n
     failures: dict[int, BaseException] = {}
 
+    # Whether a rank has ended, by simdist's own bookkeeping: CPython marks a
+    # thread as stopped when a join() on it is interrupted (Ctrl-C), so
+    # is_alive() cannot be trusted to find the ranks still to take down.
+    exited = [threading.Event() for _ in range(n)]
+
     def rank_main(rank: int) -> None:
         bind_current(world, rank)
         world.scheduler.bind_thread(rank)
@@ -330,6 +335,7 @@ def run(
         finally:
             c10d_state.leave_rank_thread()
             bind_current(None)
+            exited[rank].set()
 
     c10d_state.install()
     timed_out: str | None = None
@@ -338,6 +344,8 @@ def run(
             threading.Thread(target=rank_main, args=(r,), name=f"simdist-rank-{r}", daemon=True)
             for r in range(n)
         ]
+        for t, done in zip(threads, exited):
+            t.simdist_exited = done  # type: ignore[attr-defined]
         for t in threads:
             t.start()
         try:
@@ -415,8 +423,8 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     """
     deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    alive = [t for t in threads if t.is_alive()]
+        _join(t, max(0.0, deadline - time.monotonic()))
+    alive = [t for t in threads if _alive(t)]
     if not alive:
         return None
     frames = sys._current_frames()
@@ -425,7 +433,7 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     queued = world.scheduler.queued_ranks()
     running = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
     lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
-    stalled = sorted(r for r in queued if threads[r].is_alive())
+    stalled = sorted(r for r in queued if _alive(threads[r]))
     if stalled:
         lines.append(f"  rank(s) {stalled} were ready to run, but never got the run token back "
                      f"(one rank runs at a time, until it blocks in simdist or returns)")
@@ -450,14 +458,27 @@ def _interrupt(threads: list[threading.Thread], world: World, error: SimulationE
     for t in threads:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
-        if t.is_alive() and t.ident is not None:
+        if _alive(t) and t.ident is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(t.ident), ctypes.py_object(type(error))
             )
     grace = time.monotonic() + _GRACE_S
     for t in threads:
-        t.join(max(0.0, grace - time.monotonic()))
-    return [t.name for t in threads if t.is_alive()]
+        _join(t, max(0.0, grace - time.monotonic()))
+    return [t.name for t in threads if _alive(t)]
+
+
+def _alive(t: threading.Thread) -> bool:
+    done = getattr(t, "simdist_exited", None)
+    return t.is_alive() if done is None or not t.ident else not done.is_set()
+
+
+def _join(t: threading.Thread, timeout: float) -> None:
+    done = getattr(t, "simdist_exited", None)
+    if done is None or not t.ident:
+        t.join(timeout)
+    elif done.wait(timeout):
+        t.join(1.0)  # it has left simdist; let the thread itself end
 
 
 def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],
