@@ -35,18 +35,14 @@ except ImportError:  # run from a checkout without installing the package
 
 from simdist.rank_state import RankStates
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collectives import time_all_reduce  # noqa: E402 (the same timed body as there)
+
 SCHEDULES = ("concurrent", "rank", "random")
 
 
 def all_reduce_body(ctx: simdist.RankContext, iters: int) -> float:
-    t = torch.ones(8)
-    for _ in range(10):
-        dist.all_reduce(t)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(t)
-    return (time.perf_counter() - start) / iters
+    return time_all_reduce(ctx, 8, 10, iters)
 
 
 def ping_pong_body(ctx: simdist.RankContext, iters: int) -> float:
