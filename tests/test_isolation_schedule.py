@@ -144,3 +144,49 @@ def test_bad_schedules_are_refused() -> None:
         simdist.run(lambda ctx: None, world_size=2, schedule="fifo")
     with pytest.raises(TypeError, match="schedule_seed must be an int, got str"):
         simdist.run(lambda ctx: None, world_size=2, schedule="random", schedule_seed="1")
+
+
+# --- the flight record is reproducible too ---------------------------------------------
+
+class _Order(simdist.CommStats):
+    """Every call of a run, in the order the ranks started them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[tuple[int, str, int]] = []
+
+    def add_records(self, records) -> None:  # type: ignore[no-untyped-def]
+        self.order = [(r.rank, r.op, r.seq) for r in records]
+
+
+def mixed_body(ctx: simdist.RankContext) -> None:
+    t = torch.ones(2)
+    dist.all_reduce(t, group=ctx.groups.tp)
+    if ctx.coords.dp == 0:
+        dist.send(t, dst=ctx.rank + 2)
+    else:
+        dist.recv(t, src=ctx.rank - 2)
+    dist.barrier()
+
+
+def call_order(**kwargs: object) -> list[tuple[int, str, int]]:
+    with _Order() as order:
+        simdist.run(mixed_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT, **kwargs)
+    return order.order
+
+
+def test_the_order_of_every_call_repeats_under_each_schedule() -> None:
+    # Rank order, worked out by hand (tp groups [0, 1] and [2, 3]; dp 0 sends):
+    # 0 blocks in its all_reduce; 1 completes it, blocks in send; 0 (lowest
+    # runnable) blocks in send; 2 blocks in its all_reduce; 3 completes it,
+    # receives 1's send and blocks in the barrier; 1 blocks in the barrier;
+    # 2 receives 0's send and blocks in the barrier; 0 completes the barrier.
+    want = [(0, "all_reduce", 0), (1, "all_reduce", 0), (1, "send", -1), (0, "send", -1),
+            (2, "all_reduce", 0), (3, "all_reduce", 0), (3, "recv", -1), (3, "barrier", 0),
+            (1, "barrier", 0), (2, "recv", -1), (2, "barrier", 0), (0, "barrier", 0)]
+    assert call_order() == want
+    assert call_order() == want
+    for seed in (1, 2):
+        first = call_order(schedule="random", schedule_seed=seed)
+        assert call_order(schedule="random", schedule_seed=seed) == first
+        assert sorted(first) == sorted(want)
