@@ -190,3 +190,22 @@ def test_the_order_of_every_call_repeats_under_each_schedule() -> None:
         first = call_order(schedule="random", schedule_seed=seed)
         assert call_order(schedule="random", schedule_seed=seed) == first
         assert sorted(first) == sorted(want)
+
+
+def test_run_queues_skip_ranks_that_stopped_being_runnable() -> None:
+    from simdist.policy import RankOrder, SeededRandom
+    runnable = {1, 4}
+    order = RankOrder()
+    for r in (4, 0, 1, 1):
+        order.push(r)
+    assert order.pick(runnable.__contains__) == 1  # 0 went stale, 1 queued once
+    assert order.pick(runnable.__contains__) == 4
+    assert order.pick(runnable.__contains__) is None
+
+    def picks(seed: int) -> list[int | None]:
+        queue = SeededRandom(seed)
+        for r in range(6):
+            queue.push(r)
+        return [queue.pick(lambda r: r % 2 == 0) for _ in range(4)]
+    assert picks(7) == picks(7)
+    assert sorted(picks(7)[:3]) == [0, 2, 4] and picks(7)[3] is None
