@@ -16,6 +16,7 @@ from .errors import (
     SimulationTimeout,
     UnsupportedOperationError,
 )
+from .explore import Divergence, explore
 from .faults import Fault, FaultPlan, InjectedFault
 from .launch import run_processes
 from .layout import Coords, Layout
@@ -30,6 +31,7 @@ __all__ = [
     "CommStats",
     "Coords",
     "DeadlockError",
+    "Divergence",
     "Fault",
     "FaultPlan",
     "InjectedFault",
@@ -47,6 +49,7 @@ __all__ = [
     "SimulationTimeout",
     "Tree",
     "UnsupportedOperationError",
+    "explore",
     "run",
     "run_processes",
     "run_with_retry",

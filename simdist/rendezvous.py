@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import DeadlockError, PeerFailedError, SimulationError
 from . import stacks
+from .policy import Policy
 from .waitfor import cannot_complete, deadlock_headline, on_cycle, reachable
 
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
@@ -168,6 +169,7 @@ class _RankSlot:
     # For a rank that has left: the rank whose failure it was or passed on
     # (itself when it failed on its own), or None when it finished.
     root_failure: int | None = None
+    yielded: bool = False  # gave up the run token in its current wait
     failure: str = ""  # "Type: message" of a rank that failed on its own
 
 
@@ -206,8 +208,20 @@ class Scheduler:
         world_size: int,
         describe_rank: Callable[[int], str],
         on_done: Callable[[Waitable], None] = lambda w: None,
+        policy: Policy | None = None,
+        on_resume: Callable[[int], None] = lambda rank: None,
     ) -> None:
         self.world_size = world_size
+        # The run token : with a policy, only
+        # the holder executes; None runs every rank at once.
+        self._policy = policy
+        self._on_resume = on_resume
+        self._holder: int | None = None
+        if policy is not None:
+            for r in range(world_size):
+                policy.push(r)
+            self._holder = policy.pick(lambda r: True)
+        self.switches = 0
         self._describe_rank = describe_rank
         self._on_done = on_done
         self._lock = threading.Lock()
@@ -239,6 +253,30 @@ class Scheduler:
 
     def bind_thread(self, rank: int) -> None:
         self._slots[rank].thread_id = threading.get_ident()
+
+    @property
+    def scheduled(self) -> bool:
+        return self._policy is not None
+
+    def queued_ranks(self) -> set[int]:
+        """Scheduled: the runnable ranks that do not hold the run token."""
+        if self._policy is None:
+            return set()
+        with self._lock:
+            return {r for r, s in enumerate(self._slots)
+                    if s.state is RankState.RUNNING and r != self._holder}
+
+    def acquire(self, rank: int) -> None:
+        """Block a starting rank until it holds the run token."""
+        if self._policy is None:
+            return
+        slot = self._slots[rank]
+        while True:
+            with self._lock:
+                if self._holder == rank or self._abort is not None:
+                    break
+            slot.parker.park(_POLL_S)
+        self._on_resume(rank)
 
     def rank_finished(self, rank: int) -> None:
         with self._lock:
@@ -310,8 +348,14 @@ class Scheduler:
         self._gone.add(rank)
         slot.waiting_on = None
         slot.interrupt = None
-        self._pass_baton_locked()
-        self._settle_locked(None)
+        if self._policy is None:
+            self._pass_baton_locked()
+            self._settle_locked(None)
+        elif self._abort is None:
+            self._settle_locked(None)
+            self._nothing_runnable_locked()
+            if self._holder == rank:
+                self._hand_token_locked()
 
     # -- collectives ------------------------------------------------------
 
@@ -393,6 +437,12 @@ class Scheduler:
             self._on_done(recv)
             self._wake_locked(other.src if other.kind == "send" else other.dst, other)
 
+    def complete(self, rank: int, waitable: Waitable) -> None:
+        """Mark a wait of ``rank`` outside collectives and P2P (a store key) done."""
+        with self._lock:
+            waitable.done = True
+            self._wake_locked(rank, waitable)
+
     def fail_group(self, name: str, error: BaseException) -> None:
         """Fail every pending and later call on communicator ``name`` (an abort)."""
         with self._lock:
@@ -415,21 +465,34 @@ class Scheduler:
     def wait(self, rank: int, waitable: Waitable) -> None:
         """Block ``rank`` until ``waitable`` is done; raise its error if any."""
         slot = self._slots[rank]
+        try:
+            self._wait(rank, slot, waitable)
+        finally:
+            if slot.yielded:
+                slot.yielded = False
+                self._on_resume(rank)
+        if waitable.error is not None:
+            raise _copy_error(waitable.error)
+
+    def _wait(self, rank: int, slot: "_RankSlot", waitable: Waitable) -> None:
         settle_pending = False
+        scheduled = self._policy is not None
         while True:
             with self._lock:
-                if slot.interrupt is not None:
+                if slot.yielded and self._holder != rank and self._abort is None:
+                    pass  # runnable or still waiting, but not this rank's turn
+                elif slot.interrupt is not None:
                     error, slot.interrupt = slot.interrupt, None
                     raise error
-                if waitable.done:
+                elif waitable.done:
                     if slot.state is RankState.WAITING:
                         slot.state = RankState.RUNNING
                         slot.waiting_on = None
                         self._running += 1
-                    break
-                if self._abort is not None:
+                    return
+                elif self._abort is not None:
                     self._raise_if_aborted(rank)
-                if settle_pending:
+                elif settle_pending:
                     settle_pending = False
                     self._settle_locked(rank, defer=False)
                     if slot.interrupt is not None:
@@ -438,13 +501,19 @@ class Scheduler:
                     slot.state = RankState.WAITING
                     slot.waiting_on = waitable
                     self._running -= 1
-                    settle_pending = self._settle_locked(rank, defer=True)
+                    # Scheduled, the walk is never deferred: when it runs must
+                    # not depend on timing.
+                    settle_pending = self._settle_locked(rank, defer=not scheduled)
+                    if scheduled and slot.interrupt is None:
+                        self._nothing_runnable_locked()
                     if slot.interrupt is not None:
                         continue  # this rank can never complete: raise on the next pass
-                    self._pass_baton_locked()
+                    if scheduled:
+                        slot.yielded = True
+                        self._hand_token_locked()
+                    else:
+                        self._pass_baton_locked()
             slot.parker.park(_SETTLE_AFTER_S if settle_pending else _POLL_S)
-        if waitable.error is not None:
-            raise _copy_error(waitable.error)
 
     def _wake_locked(self, rank: int, waitable: Waitable, now: bool = True) -> None:
         """Make ``rank`` runnable. With ``now=False`` the OS wake-up is deferred
@@ -454,7 +523,11 @@ class Scheduler:
             slot.state = RankState.RUNNING
             slot.waiting_on = None
             self._running += 1
-            if now:
+            if self._policy is not None:
+                self._policy.push(rank)
+                if self._holder is None:  # cannot happen while a rank runs; never lose the token
+                    self._hand_token_locked()
+            elif now:
                 slot.parker.unpark()
             else:
                 self._ready.append(rank)
@@ -469,6 +542,33 @@ class Scheduler:
         """
         if self._ready:
             self._slots[self._ready.popleft()].parker.unpark()
+
+    def _hand_token_locked(self) -> None:
+        """The holder blocked or left: give the token to the policy's pick."""
+        slots = self._slots
+        self._holder = self._policy.pick(  # type: ignore[union-attr]
+            lambda r: slots[r].state is RankState.RUNNING)
+        if self._holder is not None:
+            self.switches += 1
+            slots[self._holder].parker.unpark()
+
+    def _nothing_runnable_locked(self) -> None:
+        """Scheduled, a rank that waits while no rank can run waits forever,
+        whatever it waits for (a store key, say, which the wait-for graph
+        cannot attribute to a rank)."""
+        if self._running > 0 or self._abort is not None:
+            return
+        stuck = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
+        if not stuck:
+            return
+        error = DeadlockError(self.report(
+            "deadlock: every live rank is waiting and none can run; rank(s) "
+            f"{stuck} wait for something no rank will ever do"))
+        if self.deadlock is None:
+            self.deadlock = error
+        for r in stuck:
+            self._record_locked(r, error)
+            self._interrupt_locked(r, _copy_error(error))
 
     def _raise_if_aborted(self, rank: int) -> None:
         if self._abort is None:
@@ -594,6 +694,8 @@ class Scheduler:
             slot.state = RankState.RUNNING
             slot.waiting_on = None
             self._running += 1
+            if self._policy is not None:
+                self._policy.push(rank)
         slot.interrupt = error
         slot.parker.unpark()
 

@@ -7,6 +7,7 @@ stuck in plain compute past the watchdog, interrupted and then joined) before
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import itertools
 import math
@@ -33,7 +34,10 @@ from .errors import (
 from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, corrupt_contribution
 from .layout import Layout
 from .overlap import check_members_disjoint
+from .policy import make_policy
+from .rank_state import RankStates
 from .reduction import ReductionModel, make_model
+from .store import RankStore
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 
@@ -47,15 +51,24 @@ class World:
 
     def __init__(self, layout: Layout | None, world_size: int, reduction: ReductionModel,
                  timeout: float, faults: FaultPlan | None = None, keep_trace: bool = False,
-                 flight_records: int = DEFAULT_RECORDS) -> None:
+                 flight_records: int = DEFAULT_RECORDS, schedule: str = "rank",
+                 schedule_seed: int = 0, rank_local: Sequence[Any] = ()) -> None:
         self.layout = layout
         self.world_size = world_size
         self.reduction = reduction
         self.timeout = timeout
         self.recorder = Recorder(world_size, keep=flight_records, keep_all=keep_trace)
         self.faults = FaultState(faults, layout, world_size) if faults else None
-        self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done)
-        self.store = dist.HashStore()
+        policy = make_policy(schedule, schedule_seed)
+        if policy is None and rank_local:
+            raise ValueError("rank_local needs a scheduled run (schedule='rank' or 'random'): "
+                             "with schedule='concurrent' every rank runs at once, so "
+                             "process-wide values cannot belong to one rank at a time")
+        # Unscheduled, every rank shares the process's state as it always did.
+        self.states = RankStates(world_size, rank_local) if policy is not None else None
+        self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done, policy,
+                                   self.states.switch_to if self.states else lambda rank: None)
+        self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
         self._groups_lock = threading.Lock()
@@ -234,6 +247,10 @@ def run(
     trace: str | os.PathLike[str] | None = None,
     flight_records: int = DEFAULT_RECORDS,
     attempt: int = 0,
+    schedule: str = "rank",
+    schedule_seed: int | None = None,
+    rank_local: Sequence[Any] = (),
+    share_args: bool = False,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
@@ -248,6 +265,17 @@ def run(
     "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
     ``trace`` writes a Chrome/Perfetto trace of every call to that path;
     ``flight_records`` is how many recent calls per rank errors quote.
+
+    One rank runs at a time: it holds the run token until it blocks in simdist
+    (a collective, P2P or store wait) or returns; ``schedule`` picks who runs
+    next: "rank" (the lowest runnable rank), "random" (seeded by
+    ``schedule_seed``, default ``seed``), or "concurrent" (every rank at once,
+    no per-rank process state). Scheduled, each rank has its own torch,
+    ``random`` and numpy generator state and its own copy of every
+    ``rank_local`` entry (a module, its name, or an ``(object, "attr")`` pair),
+    all starting from their values at run start and put back when it ends.
+    ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
+    unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -262,20 +290,31 @@ def run(
         raise ValueError(f"flight_records must be a positive int, got {flight_records!r}")
     if trace is not None:
         _check_trace_path(trace)
+    if not isinstance(share_args, bool):
+        raise TypeError(f"share_args must be True or False, got {share_args!r}")
+    inputs = _rank_inputs(tuple(args), kwargs, n, share_args)
     counting = comm_stats.active()
     world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
-                  keep_trace=trace is not None or bool(counting), flight_records=flight_records)
+                  keep_trace=trace is not None or bool(counting), flight_records=flight_records,
+                  schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
+                  rank_local=rank_local)
     run_name = _name_run(fn)
 
     register_backend()
     results: list[Any] = [None] * n
     failures: dict[int, BaseException] = {}
 
+    # Whether a rank has ended, by simdist's own bookkeeping: CPython marks a
+    # thread as stopped when a join() on it is interrupted (Ctrl-C), so
+    # is_alive() cannot be trusted to find the ranks still to take down.
+    exited = [threading.Event() for _ in range(n)]
+
     def rank_main(rank: int) -> None:
         bind_current(world, rank)
         world.scheduler.bind_thread(rank)
         c10d_state.enter_rank_thread()
         try:
+            world.scheduler.acquire(rank)
             # Autograd would run CUDA backward on its device threads, which have
             # no rank; keep backward on the rank's own thread.
             with torch.autograd.set_multithreading_enabled(False):
@@ -287,7 +326,8 @@ def run(
                     rank=rank, world_size=n, layout=layout, device=devices[rank],
                     groups=build_groups(layout), attempt=attempt, seed=seed,
                 )
-                results[rank] = fn(ctx, *args, **kwargs)
+                rank_args, rank_kwargs = inputs[rank]
+                results[rank] = fn(ctx, *rank_args, **rank_kwargs)
             world.scheduler.rank_finished(rank)
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             failures[rank] = exc
@@ -295,6 +335,7 @@ def run(
         finally:
             c10d_state.leave_rank_thread()
             bind_current(None)
+            exited[rank].set()
 
     c10d_state.install()
     timed_out: str | None = None
@@ -303,6 +344,8 @@ def run(
             threading.Thread(target=rank_main, args=(r,), name=f"simdist-rank-{r}", daemon=True)
             for r in range(n)
         ]
+        for t, done in zip(threads, exited):
+            t.simdist_exited = done  # type: ignore[attr-defined]
         for t in threads:
             t.start()
         try:
@@ -313,6 +356,8 @@ def run(
             _interrupt(threads, world, SimulationError("run() was interrupted"))
             raise
     finally:
+        if world.states is not None:
+            world.states.restore_caller()
         c10d_state.uninstall()
         # A group object can outlive its run (returned from the body, kept in a
         # global): calls on it must fail at once, not wait for ranks that are gone.
@@ -332,6 +377,22 @@ def run(
     if trace_error is not None:
         raise trace_error
     return results
+
+
+def _rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int,
+                 share: bool) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Each rank's own deep copy of the inputs (one memo per rank keeps aliasing
+    between arguments), or the same objects for all with ``share``."""
+    if share:
+        return [(args, kwargs)] * n
+    try:
+        return [copy.deepcopy((args, kwargs)) for _ in range(n)]
+    except Exception as exc:
+        raise TypeError(
+            f"args/kwargs cannot be copied for each rank ({type(exc).__name__}: {exc}); "
+            f"pass share_args=True to give every rank the same objects (as no real "
+            f"process could share them, make sure that is what the test means)"
+        ) from exc
 
 
 _run_counter = itertools.count(1)
@@ -362,13 +423,21 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     """
     deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    alive = [t for t in threads if t.is_alive()]
+        _join(t, max(0.0, deadline - time.monotonic()))
+    alive = [t for t in threads if _alive(t)]
     if not alive:
         return None
     frames = sys._current_frames()
-    lines = [f"watchdog: {len(alive)} rank(s) still running after {timeout:g} s"]
-    for t in alive:
+    # Scheduled, a rank that never got the run token back did not hang: the
+    # rank holding it did (or a rank the holder waits on outside simdist).
+    queued = world.scheduler.queued_ranks()
+    running = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
+    lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
+    stalled = sorted(r for r in queued if _alive(threads[r]))
+    if stalled:
+        lines.append(f"  rank(s) {stalled} were ready to run, but never got the run token back "
+                     f"(one rank runs at a time, until it blocks in simdist or returns)")
+    for t in running:
         rank = int(t.name.rsplit("-", 1)[1])
         lines.append(f"  rank {rank} ({world.describe_rank(rank)}):")
         lines.extend("      " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
@@ -389,14 +458,27 @@ def _interrupt(threads: list[threading.Thread], world: World, error: SimulationE
     for t in threads:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
-        if t.is_alive() and t.ident is not None:
+        if _alive(t) and t.ident is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(t.ident), ctypes.py_object(type(error))
             )
     grace = time.monotonic() + _GRACE_S
     for t in threads:
-        t.join(max(0.0, grace - time.monotonic()))
-    return [t.name for t in threads if t.is_alive()]
+        _join(t, max(0.0, grace - time.monotonic()))
+    return [t.name for t in threads if _alive(t)]
+
+
+def _alive(t: threading.Thread) -> bool:
+    done = getattr(t, "simdist_exited", None)
+    return t.is_alive() if done is None or not t.ident else not done.is_set()
+
+
+def _join(t: threading.Thread, timeout: float) -> None:
+    done = getattr(t, "simdist_exited", None)
+    if done is None or not t.ident:
+        t.join(timeout)
+    elif done.wait(timeout):
+        t.join(1.0)  # it has left simdist; let the thread itself end
 
 
 def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],

@@ -62,8 +62,8 @@ def clean_run(layout: Layout = LAYOUT, **overrides) -> list[StepResult]:
     config = config_for(**overrides)
     workers: dict[int, CotrainWorker] = {}
     first, second = _batches(layout, config)
-    simdist.run(_step_body, layout=layout, args=(workers, config, first, True, None, None))
-    return simdist.run(_step_body, layout=layout, args=(workers, config, second, False, None, None))
+    simdist.run(_step_body, layout=layout, args=(workers, config, first, True, None, None), share_args=True)
+    return simdist.run(_step_body, layout=layout, args=(workers, config, second, False, None, None), share_args=True)
 
 
 def snapshot(worker: CotrainWorker) -> dict[str, torch.Tensor]:
@@ -82,10 +82,10 @@ def faulty_then_retry(layout: Layout, fault_rank: int, fault_point: str, **overr
     config = config_for(**overrides)
     workers: dict[int, CotrainWorker] = {}
     first, second = _batches(layout, config)
-    simdist.run(_step_body, layout=layout, args=(workers, config, first, True, None, None))
+    simdist.run(_step_body, layout=layout, args=(workers, config, first, True, None, None), share_args=True)
     before = {rank: snapshot(w) for rank, w in workers.items()}
     try:
-        simdist.run(_step_body, layout=layout, args=(workers, config, second, False, fault_rank, fault_point))
+        simdist.run(_step_body, layout=layout, args=(workers, config, second, False, fault_rank, fault_point), share_args=True)
     except simdist.RankError as error:
         failure = error
     else:
@@ -96,7 +96,7 @@ def faulty_then_retry(layout: Layout, fault_rank: int, fault_point: str, **overr
         rank: [n for n, p in w.params.items() if p.grad is not None or hasattr(p, "main_grad")]
         for rank, w in workers.items()
     }
-    retried = simdist.run(_step_body, layout=layout, args=(workers, config, second, False, None, None))
+    retried = simdist.run(_step_body, layout=layout, args=(workers, config, second, False, None, None), share_args=True)
     return failure, before, after, states, leftovers, retried
 
 

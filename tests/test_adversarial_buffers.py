@@ -187,7 +187,7 @@ def shared_input_body(ctx: simdist.RankContext, scratch: torch.Tensor) -> None:
 
 def overlap_error(body: Callable[..., Any], arg: torch.Tensor) -> str:
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(body, world_size=2, timeout=TIMEOUT, args=(arg,))
+        simdist.run(body, world_size=2, timeout=TIMEOUT, args=(arg,), share_args=True)
     err = info.value
     assert isinstance(err.__cause__, simdist.BufferOverlapError)
     assert sorted(err.failures) == [0, 1], "every member learns of it"

@@ -52,7 +52,7 @@ def partial_cycle_body(ctx: simdist.RankContext, reported: threading.Event) -> s
 def test_partial_deadlock_is_reported_while_others_run(clean_world: None) -> None:
     with pytest.raises(simdist.DeadlockError) as info:
         simdist.run(partial_cycle_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT,
-                    args=(threading.Event(),))
+                    args=(threading.Event(),), share_args=True)
     message = str(info.value)
     assert message.startswith("deadlock: rank(s) [0, 1] wait for each other in a cycle: 0 -> 1 -> 0")
     assert "rank 0 (tp=0 cp=0 dp=0 pp=0): waiting in send to rank 1 (tag 0)" in message

@@ -68,10 +68,12 @@ class World:
     def members(self, axis: str, rank: int) -> list[int]:
         return list(_members(self.sizes, axis, rank))
 
-    def run(self, body: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    def run(self, body: Callable[..., Any], *args: Any, share_args: bool = False, **kwargs: Any) -> list[Any]:
         if self.layout is None:
-            return simdist.run(body, world_size=self.world_size, timeout=TIMEOUT, args=args, kwargs=kwargs)
-        return simdist.run(body, layout=self.layout, timeout=TIMEOUT, args=args, kwargs=kwargs)
+            return simdist.run(body, world_size=self.world_size, timeout=TIMEOUT, args=args, kwargs=kwargs,
+                               share_args=share_args)
+        return simdist.run(body, layout=self.layout, timeout=TIMEOUT, args=args, kwargs=kwargs,
+                           share_args=share_args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -676,7 +678,7 @@ def barrier_body(ctx: simdist.RankContext, world: World, arrivals: dict[str, lis
 
 @pytest.mark.parametrize("world", WORLDS[1:], ids=lambda w: w.name)
 def test_barrier_waits_for_every_member(world: World) -> None:
-    results = world.run(barrier_body, world, arrivals={}, lock=threading.Lock())
+    results = world.run(barrier_body, world, arrivals={}, lock=threading.Lock(), share_args=True)
     assert results == [[] for _ in range(world.world_size)]
 
 

@@ -47,7 +47,8 @@ def sum_ranks(ctx: simdist.RankContext) -> float:
 
 def run_expecting_rank_error(body: Callable[..., Any], raised: dict[int, BaseException], **run_kwargs: Any) -> simdist.RankError:
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(body, timeout=TIMEOUT, kwargs={"raised": raised}, **run_kwargs)
+        simdist.run(body, timeout=TIMEOUT, kwargs={"raised": raised}, share_args=True,  # ranks fill it in
+                    **run_kwargs)
     err = info.value
     assert isinstance(err, simdist.SimulationError)
     return err
@@ -108,7 +109,7 @@ def test_failure_while_peers_wait(clean_world: None, where: Callable[..., Any], 
     culprit = 0 if position == "first" else n - 1
     raised: dict[int, BaseException] = {}
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(where, timeout=TIMEOUT, kwargs={"raised": raised, "culprit": culprit}, **run_kwargs)
+        simdist.run(where, timeout=TIMEOUT, kwargs={"raised": raised, "culprit": culprit}, share_args=True, **run_kwargs)
     err = info.value
     assert err.__cause__ is raised[culprit]
     assert set(err.failures) == {culprit}
@@ -124,7 +125,7 @@ def test_failure_after_collectives_has_no_released_peers(clean_world: None, run_
     n = world_size_of(run_kwargs)
     raised: dict[int, BaseException] = {}
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(fails_after, timeout=TIMEOUT, kwargs={"raised": raised, "culprit": n - 1}, **run_kwargs)
+        simdist.run(fails_after, timeout=TIMEOUT, kwargs={"raised": raised, "culprit": n - 1}, share_args=True, **run_kwargs)
     err = info.value
     assert err.__cause__ is raised[n - 1]
     assert set(err.failures) == {n - 1}
@@ -170,7 +171,8 @@ def fails_before_send(ctx: simdist.RankContext, raised: dict[int, BaseException]
 def test_failure_releases_a_peer_waiting_to_receive(clean_world: None, asynchronous: bool) -> None:
     raised: dict[int, BaseException] = {}
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(fails_before_send, world_size=2, timeout=TIMEOUT, kwargs={"raised": raised, "asynchronous": asynchronous})
+        simdist.run(fails_before_send, world_size=2, timeout=TIMEOUT, kwargs={"raised": raised, "asynchronous": asynchronous},
+                    share_args=True)
     err = info.value
     assert err.__cause__ is raised[1]
     assert set(err.failures) == {1}

@@ -546,7 +546,7 @@ def test_an_injected_crash_after_a_peer_failed_is_still_a_failure() -> None:
     # Rank 1 never waited on anything: its own injected crash is a failure, not a release.
     with pytest.raises(simdist.RankError) as info:
         simdist.run(crash_after_peer_failed_body, world_size=2, faults=FaultPlan.crash(rank=1),
-                    timeout=TIMEOUT, args=(threading.Event(),))
+                    timeout=TIMEOUT, args=(threading.Event(),), share_args=True)
     assert sorted(info.value.failures) == [0, 1]
     assert isinstance(info.value.failures[1], simdist.InjectedFault)
     assert info.value.released == ()

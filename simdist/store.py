@@ -1,0 +1,148 @@
+"""The world's c10d store, whose waits give up the run token.
+
+A ``HashStore`` blocks a missing key's ``get``/``wait`` in C++ while its thread
+keeps the run token: the rank that would set the key could never run. This
+store is plain Python (c10d calls it through its Python-store trampoline, so
+``PrefixStore``, DeviceMesh and user code all reach it) and waits in the
+scheduler like a collective, so a scheduled world stays live and a key that no
+rank will ever set is reported as a deadlock instead of a timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any, Sequence
+
+import torch.distributed as dist
+
+from . import backend
+from .rendezvous import Scheduler, Waitable
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+class _KeysSet(Waitable):
+    """A store wait: done once every key exists. Any rank may set them, so it
+    names no needed rank; the scheduler reports it stuck only when no rank can run."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.keys = list(keys)
+        self.done = False
+        self.error = None
+
+    def needed_ranks(self) -> Sequence[int]:
+        return ()
+
+    def describe(self) -> str:
+        return f"a store wait for key(s) {self.keys}"
+
+
+class RankStore(dist.Store):
+    def __init__(self, scheduler: Scheduler) -> None:
+        super().__init__()
+        self._scheduler = scheduler
+        self._data: dict[str, bytes] = {}
+        self._waits: list[tuple[int, _KeysSet]] = []
+        # Threads outside the world's ranks (the caller, helpers) wait on this.
+        self._changed = threading.Condition()
+        self._timeout_s = 300.0
+
+    # -- c10d's Store interface -------------------------------------------
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout_s = timeout.total_seconds()
+
+    def set(self, key: str, value: Any) -> None:
+        with self._changed:
+            self._data[key] = _as_bytes(value)
+            self._notify_locked()
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        with self._changed:
+            return self._data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        with self._changed:
+            value = int(self._data.get(key, b"0")) + int(amount)
+            self._data[key] = str(value).encode()
+            self._notify_locked()
+            return value
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        with self._changed:
+            current = self._data.get(key)
+            expected_b = _as_bytes(expected)
+            if (current is None and expected_b == b"") or current == expected_b:
+                self._data[key] = _as_bytes(desired)
+                self._notify_locked()
+                return self._data[key]
+            return expected_b if current is None else current
+
+    def append(self, key: str, value: Any) -> None:
+        with self._changed:
+            self._data[key] = self._data.get(key, b"") + _as_bytes(value)
+            self._notify_locked()
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.wait(keys)
+        with self._changed:
+            return [self._data[k] for k in keys]
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        with self._changed:
+            for k, v in zip(keys, values):
+                self._data[k] = _as_bytes(v)
+            self._notify_locked()
+
+    def check(self, keys: list[str]) -> bool:
+        with self._changed:
+            return all(k in self._data for k in keys)
+
+    def delete_key(self, key: str) -> bool:
+        with self._changed:
+            return self._data.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        with self._changed:
+            return len(self._data)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:  # noqa: ARG002 (the run's watchdog bounds it)
+        with self._changed:
+            if all(k in self._data for k in keys):
+                return
+            rank = self._rank_of_caller()
+            if rank is None:
+                self._wait_outside(keys)
+                return
+            pending = _KeysSet(keys)
+            self._waits.append((rank, pending))
+        self._scheduler.wait(rank, pending)
+
+    # -- internals ---------------------------------------------------------
+
+    def _rank_of_caller(self) -> int | None:
+        world = getattr(backend._current, "world", None)
+        if world is None or getattr(world, "scheduler", None) is not self._scheduler:
+            return None
+        return backend._current.rank
+
+    def _wait_outside(self, keys: list[str]) -> None:
+        if not self._changed.wait_for(lambda: all(k in self._data for k in keys), self._timeout_s):
+            raise dist.DistStoreError(f"simdist store: timed out after {self._timeout_s:g} s "
+                                      f"waiting for key(s) {keys}")
+
+    def _notify_locked(self) -> None:
+        self._changed.notify_all()
+        ready = [(r, w) for r, w in self._waits if all(k in self._data for k in w.keys)]
+        if ready:
+            self._waits = [(r, w) for r, w in self._waits if not any(w is x for _, x in ready)]
+            for rank, waitable in ready:
+                self._scheduler.complete(rank, waitable)
