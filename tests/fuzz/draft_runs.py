@@ -256,7 +256,10 @@ def fault_then_retry(case: DraftCase) -> tuple[list[StepResult], list[StepResult
     seeded reduction orders (keyed by call sequence) match between the two.
     """
     config = case.config()
-    run_kwargs = dict(layout=case.layout, timeout=RUN_TIMEOUT_S, **case.reduction_choice.run_kwargs())
+    # share_args: the workers dicts (each rank's model, optimizer and step
+    # state, keyed by rank) must outlive a world, as a real job's processes
+    # outlive a communicator rebuilt after a failure.
+    run_kwargs = dict(layout=case.layout, timeout=RUN_TIMEOUT_S, share_args=True, **case.reduction_choice.run_kwargs())
     batches = case.batches()
     warmup_batches = case.batches(data_seed=case.seed + 1)
     probe_fault = case.fault if case.fault is not None and "probe" in case.fault else None
