@@ -248,6 +248,7 @@ class Scheduler:
         self.deadlock: DeadlockError | None = None
         # Set once the run is over: any later call on this world raises this.
         self.closed: str | None = None
+        self._closed_error: BaseException | None = None
 
     # -- rank lifecycle ---------------------------------------------------
 
@@ -318,6 +319,9 @@ class Scheduler:
         """The run is over: every later call or wait on this world raises ``error``."""
         with self._lock:
             self.closed = str(error)
+            # Later calls say the run is over, even when the world had been
+            # aborted earlier (watchdog, deadlock): that is what the caller needs.
+            self._closed_error = error
             if self._abort is None:
                 self._abort_locked(error)
 
@@ -325,7 +329,7 @@ class Scheduler:
         """Sleep in a rank (a ``delay`` fault); an abort cuts it short."""
         if self._abort_event.wait(seconds):
             with self._lock:
-                raise _copy_error(self._abort)  # type: ignore[arg-type]
+                raise _copy_error(self._closed_error or self._abort)  # type: ignore[arg-type]
 
     @property
     def aborted(self) -> BaseException | None:
@@ -578,7 +582,7 @@ class Scheduler:
             slot.state = RankState.RUNNING
             slot.waiting_on = None
             self._running += 1
-        raise _copy_error(self._abort)
+        raise _copy_error(self._closed_error or self._abort)
 
     def _abort_locked(self, error: BaseException) -> None:
         self._abort = error

@@ -125,6 +125,26 @@ def test_a_group_used_after_its_run_raises_at_once(clean_world: None) -> None:
     assert isinstance(error, simdist.SimulationError) and "has already ended" in str(error)
 
 
+def escaping_then_timing_out_body(ctx: simdist.RankContext) -> Any:
+    escaped.append(ctx.groups.world)
+    if ctx.rank == 0:
+        while True:  # the watchdog aborts the world mid-run
+            time.sleep(0.01)
+    return None
+
+
+escaped: list[Any] = []
+
+
+def test_a_group_of_a_world_aborted_mid_run_names_its_run(clean_world: None) -> None:
+    escaped.clear()
+    with pytest.raises(simdist.SimulationTimeout):
+        simdist.run(escaping_then_timing_out_body, world_size=2, timeout=0.5)
+    error = call_in_thread(lambda: escaped[0].allreduce([torch.ones(1)]).wait())
+    assert isinstance(error, simdist.SimulationError)
+    assert "escaping_then_timing_out_body" in str(error) and "has already ended" in str(error)
+
+
 # --- failures that a body catches ---------------------------------------------------------
 
 def swallow_mismatch_body(ctx: simdist.RankContext) -> str:
