@@ -29,8 +29,10 @@ from draft_runs import (  # noqa: E402
     PEER_MESSAGE,
     check_replicas_agree,
     cover,
+    check_params_and_metrics,
     check_updates,
     fault_then_retry,
+    gradients_judged_against_reference,
     rank_batch,
     run_bad_input,
     run_valid,
@@ -52,7 +54,8 @@ relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, H
 @fuzz.replayable(DraftCase.from_json)
 def test_layout_invariance(case: DraftCase) -> None:
     """1. The applied update (parameters, grad norms, metrics) of either mode equals
-    the float64 single-process reference of the global batch, on every rank."""
+    the float64 single-process reference of the global batch, on every rank
+    (in bfloat16: parameters and metrics; see draft_runs.FUZZ_TOLERANCES)."""
     cover(**case.cover(), mode=case.mode, chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, (case.mode,))[case.mode]
     check_replicas_agree(case, results, case.mode)
@@ -60,14 +63,18 @@ def test_layout_invariance(case: DraftCase) -> None:
     assert not results[0].skipped, f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
     reference = reference_of(case.config(), case.global_batch())
     rtol, atol = tolerance(case, "vs_reference")
+    gradients = gradients_judged_against_reference(case)
     steer(
-        worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True),
+        worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True,
+                    gradients=gradients),
         label="layout invariance: worst error / tolerance vs float64",
     )
-    check_against(
-        case.layout, results, lambda rank: reference, rtol=rtol, atol_fraction=atol,
-        what=f"{case.mode} vs float64 reference", tp_sharded_expected=True,
-    )
+    what = f"{case.mode} vs float64 reference"
+    if gradients:
+        check_against(case.layout, results, lambda rank: reference, rtol=rtol, atol_fraction=atol,
+                      what=what, tp_sharded_expected=True)
+    else:
+        check_params_and_metrics(case, results, reference, rtol=rtol, atol_fraction=atol, what=what)
     steer(check_updates(case, results, reference), label="layout invariance: worst update error / tolerance (float32)")
 
 
