@@ -31,7 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo_p.add_argument("--layout", type=_layout, default=None, help="e.g. tp=2,dp=2,pp=2")
     # The fuzz commands need Hypothesis and pytest (test extras): imported only when asked for.
     if len(argv_list) >= 1 and argv_list[0] in ("fuzz", "replay"):
-        from .fuzz._cli import add_fuzz_parser, add_replay_parser, fuzz_command, replay_command
+        try:
+            from .fuzz._cli import add_fuzz_parser, add_replay_parser, fuzz_command, replay_command
+        except ImportError as exc:
+            print(f"simdist {argv_list[0]}: needs Hypothesis and pytest, the test extras "
+                  f"(pip install 'simdist[test]'): {exc}", file=sys.stderr)
+            return 2
 
         add_fuzz_parser(sub)
         add_replay_parser(sub)

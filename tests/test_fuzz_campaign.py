@@ -168,6 +168,16 @@ def test_a_failure_still_shrinking_when_time_is_up_is_reported_unshrunk(tmp_path
     assert len(list((tmp_path / "corpus").glob("*.json"))) == 1
 
 
+def test_without_the_test_extras_the_commands_say_what_to_install():
+    code = ("import sys; sys.modules['hypothesis'] = None; from simdist.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    for command in (["fuzz", "--budget", "1"], ["replay", "x.json"]):
+        proc = subprocess.run([sys.executable, "-c", code, *command], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "needs Hypothesis and pytest" in proc.stderr and "simdist[test]" in proc.stderr
+
+
 def test_replay_rejects_unusable_files(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
