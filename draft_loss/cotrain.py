@@ -254,6 +254,16 @@ class CotrainWorker:
                 f"CotrainWorker: the dp_cp group must have dp x cp = {groups.size('dp')} x {groups.size('cp')} "
                 f"= {data_size} ranks, got {dist.get_world_size(data_group) if data_group is not None else 1}"
             )
+        world = _world_group()
+        model_size = data_size * groups.size("tp") * groups.size("pp")
+        if world is not None and dist.get_world_size(world) != model_size:
+            # The commit agreement and the grad-norm agreement are world
+            # collectives: ranks outside the layout would never join them.
+            raise ValueError(
+                f"CotrainWorker: every rank of the job must run a worker: tp x cp x dp x pp = "
+                f"{groups.size('tp')} x {groups.size('cp')} x {groups.size('dp')} x {groups.size('pp')} "
+                f"= {model_size}, but the world has {dist.get_world_size(world)} ranks"
+            )
         self.bind(groups)
         tp_size, tp_rank = groups.size("tp"), groups.rank("tp")
         for name, size in (("vocab_size", config.vocab_size), ("ffn_size", config.ffn_size)):

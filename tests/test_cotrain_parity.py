@@ -113,6 +113,26 @@ def test_a_bad_batch_on_one_replica_fails_every_rank_together():
             assert "another rank's arguments were invalid" in str(error)
 
 
+def _sub_world_body(ctx):
+    # A layout of tp=2 inside a world of 4: ranks 2 and 3 run no worker, so
+    # the world-wide commit agreement would wait for them forever.
+    tp = torch.distributed.new_group([0, 1])  # every rank creates every group, as torch asks
+    if ctx.rank >= 2:
+        return None
+    try:
+        CotrainWorker(config_for(), ParallelGroups(tp=tp))
+    except ValueError as exc:
+        return str(exc)
+    return "constructed"
+
+
+def test_a_worker_on_part_of_the_world_is_refused_before_any_collective():
+    results = simdist.run(_sub_world_body, world_size=4, timeout=60.0)
+    for rank in (0, 1):
+        assert "every rank of the job must run a worker" in results[rank]
+        assert "= 2, but the world has 4 ranks" in results[rank]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
