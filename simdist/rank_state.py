@@ -129,7 +129,18 @@ def _module_slot(module: types.ModuleType) -> _Slot:
         return {k: v if isinstance(v, (types.ModuleType, types.FunctionType, type))
                 else _copy_value(v) for k, v in values.items()}
 
-    return _Slot(f"module {module.__name__}", get, set_, copy_)
+    def fingerprint() -> Any:
+        # A snapshot holds references, so a global changed in place (a dict a
+        # rank adds to) is already in it; only rebinding a name needs a new
+        # read. The snapshot keeps the old objects alive, so their ids cannot
+        # be reused by the new ones.
+        return tuple(namespace), tuple(map(id, namespace.values()))
+
+    return _Slot(module_slot_name(module.__name__), get, set_, copy_, fingerprint)
+
+
+def module_slot_name(module_name: str) -> str:
+    return f"module {module_name}"
 
 
 def _attr_slot(obj: Any, attr: str) -> _Slot:
@@ -142,9 +153,15 @@ def _attr_slot(obj: Any, attr: str) -> _Slot:
         else:
             setattr(obj, attr, value)
 
-    return _Slot(f"{getattr(obj, '__name__', type(obj).__name__)}.{attr}",
-                 lambda: getattr(obj, attr, missing), set_,
-                 lambda v: v if v is missing else _copy_value(v))
+    # As for modules: the held value is a reference, so only rebinding the
+    # attribute needs a new read (and the held object keeps its id unique).
+    return _Slot(attr_slot_name(obj, attr), lambda: getattr(obj, attr, missing), set_,
+                 lambda v: v if v is missing else _copy_value(v),
+                 lambda: id(getattr(obj, attr, missing)))
+
+
+def attr_slot_name(obj: Any, attr: str) -> str:
+    return f"{getattr(obj, '__name__', type(obj).__name__)}.{attr}"
 
 
 def resolve_rank_local(entries: Sequence[Any]) -> list[_Slot]:
@@ -174,7 +191,10 @@ class RankStates:
     """The process state of every rank of one run, and the caller's."""
 
     def __init__(self, world_size: int, rank_local: Sequence[Any] = ()) -> None:
-        self._slots = _builtin_slots() + resolve_rank_local(rank_local)
+        from .rank_local_defaults import default_slots  # it builds on this module's slots
+
+        explicit = resolve_rank_local(rank_local)
+        self._slots = _builtin_slots() + explicit + default_slots({s.name for s in explicit})
         self._lock = threading.Lock()
         self._caller = [s.get() for s in self._slots]
         # Generator snapshots are immutable, so every rank starts from the
