@@ -80,6 +80,8 @@ def install() -> None:
                 excepthook=sys.excepthook,
             )
             c10d._world = _ThreadRoutedWorld(c10d._world)
+            _saved["new_pg_helper"] = c10d._new_process_group_helper
+            c10d._new_process_group_helper = _simulated_backends(c10d._new_process_group_helper)
             _set_thread_isolation_mode(True)
         _installs += 1
 
@@ -92,11 +94,31 @@ def uninstall() -> None:
         if _installs == 0:
             _set_thread_isolation_mode(False)
             c10d._world = _saved["world"]
+            c10d._new_process_group_helper = _saved["new_pg_helper"]
             c10d._backend = _saved["backend"]
             c10d._default_pg_init_method = _saved["init_method"]
             # init_process_group wraps sys.excepthook to prefix the rank.
             sys.excepthook = _saved["excepthook"]
             _saved.clear()
+
+
+# Backends a real job names for its groups (Megatron creates a gloo twin of every
+# data-parallel group): inside a rank they become simdist groups. A real gloo
+# group would rendezvous over TCP in C++, blocking while it holds the run token.
+_REAL_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl"}
+
+
+def _simulated_backends(helper: Any) -> Any:
+    def new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any,
+                                 *args: Any, **kwargs: Any) -> Any:
+        if getattr(_tls, "state", None) is not None and backend is not None:
+            # "gloo", or a device map such as "cpu:gloo,cuda:nccl"
+            names = {part.split(":")[-1].strip().lower() for part in str(backend).split(",")}
+            if names <= _REAL_BACKENDS:
+                backend = "simdist"
+        return helper(group_size, group_rank, global_ranks, backend, *args, **kwargs)
+
+    return new_process_group_helper
 
 
 def enter_rank_thread() -> RankWorldState:

@@ -1,0 +1,159 @@
+"""Megatron-core, unmodified (a test extra: ``pip install megatron-core``).
+
+Megatron keeps its process groups in module globals; simdist makes
+``megatron.core.parallel_state`` (and the model-parallel RNG tracker) rank-local
+by default, so ``initialize_model_parallel`` runs on every rank as on a cluster.
+Checked against ``Layout.group_ranks`` (same rank order) and float64
+single-process references.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import simdist
+from simdist import Layout
+
+ps = pytest.importorskip("megatron.core.parallel_state",
+                         reason="megatron-core is not installed (pip install megatron-core, or the [test] extra)")
+from megatron.core import tensor_parallel  # noqa: E402 (after the importorskip)
+from megatron.core.model_parallel_config import ModelParallelConfig  # noqa: E402
+
+GETTERS = {
+    "tp": lambda: ps.get_tensor_model_parallel_group(),
+    "cp": lambda: ps.get_context_parallel_group(),
+    "dp": lambda: ps.get_data_parallel_group(),
+    "pp": lambda: ps.get_pipeline_model_parallel_group(),
+    "dp_cp": lambda: ps.get_data_parallel_group(with_context_parallel=True),
+    "mp": lambda: ps.get_model_parallel_group(),
+}
+RANK_GETTERS = {
+    "tp": lambda: ps.get_tensor_model_parallel_rank(),
+    "cp": lambda: ps.get_context_parallel_rank(),
+    "dp": lambda: ps.get_data_parallel_rank(),
+    "pp": lambda: ps.get_pipeline_model_parallel_rank(),
+}
+
+
+def init_body(ctx: simdist.RankContext) -> tuple[dict, dict]:
+    layout = ctx.layout
+    ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
+                                 pipeline_model_parallel_size=layout.pp,
+                                 context_parallel_size=layout.cp)
+    groups = {axis: dist.get_process_group_ranks(get()) for axis, get in GETTERS.items()}
+    dist.barrier()  # every rank has initialised: a shared global would show here
+    groups_after = {axis: dist.get_process_group_ranks(get()) for axis, get in GETTERS.items()}
+    assert groups == groups_after
+    return groups, {axis: get() for axis, get in RANK_GETTERS.items()}
+
+
+@pytest.mark.parametrize("layout", [Layout(tp=2, dp=2, pp=2), Layout(tp=2, cp=2, pp=2),
+                                    Layout(cp=2, dp=2), Layout(tp=4, dp=2)], ids=str)
+@pytest.mark.parametrize("schedule", ["rank", "random"])
+def test_initialize_model_parallel_groups_equal_the_layout(layout: Layout, schedule: str) -> None:
+    assert not ps.model_parallel_is_initialized()
+    results = simdist.run(init_body, layout=layout, schedule=schedule, schedule_seed=1)
+    for rank, (groups, ranks) in enumerate(results):
+        assert groups == {axis: layout.group_of(axis, rank) for axis in GETTERS}, rank
+        coords = layout.coords(rank)
+        assert ranks == {"tp": coords.tp, "cp": coords.cp, "dp": coords.dp, "pp": coords.pp}
+    assert not ps.model_parallel_is_initialized(), "the caller's (uninitialised) globals are back"
+
+
+SEQ, BATCH, VOCAB = 3, 2, 16
+
+
+def logits_and_target() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(21)
+    return (torch.randn(SEQ, BATCH, VOCAB, generator=gen, dtype=torch.float64) * 3,
+            torch.randint(VOCAB, (SEQ, BATCH), generator=gen))
+
+
+def cross_entropy_body(ctx: simdist.RankContext, tp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    logits, target = logits_and_target()
+    shard = VOCAB // tp
+    # Megatron computes in float32 (it upcasts whatever it gets): feed float32 logits.
+    mine = logits[..., ctx.rank * shard:(ctx.rank + 1) * shard].float().requires_grad_()
+    loss = tensor_parallel.vocab_parallel_cross_entropy(mine, target)
+    (loss * torch.arange(1, loss.numel() + 1, dtype=loss.dtype).view(loss.shape)).sum().backward()
+    return loss.detach(), mine.grad
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_vocab_parallel_cross_entropy_equals_float64(tp: int) -> None:
+    logits, target = logits_and_target()
+    logits = logits.float().double().requires_grad_()  # the float32 inputs, in float64
+    want = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(SEQ, BATCH)
+    (want * torch.arange(1, want.numel() + 1, dtype=want.dtype).view(want.shape)).sum().backward()
+    shard = VOCAB // tp
+    for rank, (loss, grad) in enumerate(simdist.run(cross_entropy_body, world_size=tp, args=(tp,))):
+        torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad.double(), logits.grad[..., rank * shard:(rank + 1) * shard],
+                                   rtol=1e-6, atol=1e-6)
+
+
+HIDDEN, FFN, TOKENS = 6, 8, 8
+
+
+def seeded_init(weight: torch.Tensor) -> None:
+    """Megatron calls this on the full (master) weight on every rank, then keeps its slice."""
+    gen = torch.Generator().manual_seed(weight.shape[0])
+    with torch.no_grad():
+        weight.copy_(torch.randn(weight.shape, generator=gen) * 0.5)
+
+
+def tokens() -> torch.Tensor:
+    return torch.randn(TOKENS, BATCH, HIDDEN, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+
+
+def mlp_body(ctx: simdist.RankContext, tp: int, sequence_parallel: bool) -> tuple:
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
+                              use_cpu_initialization=True, params_dtype=torch.float64)
+    col = tensor_parallel.ColumnParallelLinear(HIDDEN, FFN, config=cfg, init_method=seeded_init,
+                                               bias=True, gather_output=False)
+    row = tensor_parallel.RowParallelLinear(FFN, HIDDEN, config=cfg, init_method=seeded_init, bias=True,
+                                            input_is_parallel=True, skip_bias_add=False)
+    x = tokens().to(ctx.device)
+    if sequence_parallel:  # the sequence is split over TP ranks before and after the block
+        n = TOKENS // tp
+        x = x[ctx.rank * n:(ctx.rank + 1) * n]
+    x = x.clone().requires_grad_()
+    h, _ = col(x)
+    y, _ = row(torch.tanh(h))
+    (y * y).sum().backward()
+    return y.detach().cpu(), x.grad.cpu(), col.weight.grad.cpu(), row.weight.grad.cpu()
+
+
+def mlp_reference() -> tuple:
+    w1 = torch.empty(FFN, HIDDEN)
+    w2 = torch.empty(HIDDEN, FFN)
+    seeded_init(w1)
+    seeded_init(w2)
+    w1, w2 = w1.double().requires_grad_(), w2.double().requires_grad_()
+    x = tokens().requires_grad_()
+    y = torch.tanh(x @ w1.T) @ w2.T  # biases start at zero, as Megatron initialises them
+    (y * y).sum().backward()
+    return y.detach(), x.grad, w1.grad, w2.grad
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_column_then_row_parallel_linear_equals_float64(tp: int, sequence_parallel: bool) -> None:
+    if sequence_parallel and not torch.cuda.is_available():
+        pytest.skip("megatron-core's sequence-parallel path allocates its gather/reduce-scatter buffers on "
+                    "torch.cuda.current_device() (GlobalMemoryBuffer, tensor_parallel.mappings): needs CUDA")
+    want_y, want_x, want_w1, want_w2 = mlp_reference()
+    device = "cuda" if sequence_parallel else "cpu"
+    results = simdist.run(mlp_body, world_size=tp, args=(tp, sequence_parallel), device=device)
+    f, n = FFN // tp, TOKENS // tp
+    for rank, (y, x_grad, w1_grad, w2_grad) in enumerate(results):
+        rows = slice(rank * n, (rank + 1) * n) if sequence_parallel else slice(None)
+        torch.testing.assert_close(y, want_y[rows], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(x_grad, want_x[rows], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(w1_grad, want_w1[rank * f:(rank + 1) * f], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(w2_grad, want_w2[:, rank * f:(rank + 1) * f], rtol=1e-12, atol=1e-12)
