@@ -58,7 +58,7 @@ def _dtensor_handlers_slot(dispatcher: Any) -> _Slot:
             table.update(contents)
 
     def copy_(value: tuple[dict, dict]) -> tuple[dict, dict]:
-        return value[0], dict(value[1])  # handlers are functions: shared, like code
+        return value  # a snapshot nobody mutates (handlers are functions: shared, like code)
 
     def fingerprint() -> Any:
         # Keys and handlers compare by identity, so this costs about a microsecond.
