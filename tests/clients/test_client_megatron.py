@@ -17,30 +17,40 @@ import torch.nn.functional as F
 import simdist
 from simdist import Layout
 
-ps = pytest.importorskip("megatron.core.parallel_state",
-                         reason="megatron-core is not installed (pip install megatron-core, or the [test] extra)")
-from megatron.core import tensor_parallel  # noqa: E402 (after the importorskip)
-from megatron.core.model_parallel_config import ModelParallelConfig  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def megatron() -> None:
+    """Imported by the tests that need it, not at collection: importing Megatron
+    costs seconds, and once imported its globals are swapped at every switch of
+    every later run in the process (see simdist/rank_local_defaults.py)."""
+    pytest.importorskip("megatron.core.parallel_state",
+                        reason="megatron-core is not installed (pip install megatron-core, or the [test] extra)")
+
+
+def _ps():  # noqa: ANN202 - megatron.core.parallel_state, imported lazily
+    from megatron.core import parallel_state
+    return parallel_state
+
 
 GETTERS = {
-    "tp": lambda: ps.get_tensor_model_parallel_group(),
-    "cp": lambda: ps.get_context_parallel_group(),
-    "dp": lambda: ps.get_data_parallel_group(),
-    "pp": lambda: ps.get_pipeline_model_parallel_group(),
-    "dp_cp": lambda: ps.get_data_parallel_group(with_context_parallel=True),
-    "mp": lambda: ps.get_model_parallel_group(),
+    "tp": lambda: _ps().get_tensor_model_parallel_group(),
+    "cp": lambda: _ps().get_context_parallel_group(),
+    "dp": lambda: _ps().get_data_parallel_group(),
+    "pp": lambda: _ps().get_pipeline_model_parallel_group(),
+    "dp_cp": lambda: _ps().get_data_parallel_group(with_context_parallel=True),
+    "mp": lambda: _ps().get_model_parallel_group(),
 }
 RANK_GETTERS = {
-    "tp": lambda: ps.get_tensor_model_parallel_rank(),
-    "cp": lambda: ps.get_context_parallel_rank(),
-    "dp": lambda: ps.get_data_parallel_rank(),
-    "pp": lambda: ps.get_pipeline_model_parallel_rank(),
+    "tp": lambda: _ps().get_tensor_model_parallel_rank(),
+    "cp": lambda: _ps().get_context_parallel_rank(),
+    "dp": lambda: _ps().get_data_parallel_rank(),
+    "pp": lambda: _ps().get_pipeline_model_parallel_rank(),
 }
 
 
 def init_body(ctx: simdist.RankContext) -> tuple[dict, dict]:
     layout = ctx.layout
-    ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
+    _ps().initialize_model_parallel(tensor_model_parallel_size=layout.tp,
                                  pipeline_model_parallel_size=layout.pp,
                                  context_parallel_size=layout.cp)
     groups = {axis: dist.get_process_group_ranks(get()) for axis, get in GETTERS.items()}
@@ -54,13 +64,13 @@ def init_body(ctx: simdist.RankContext) -> tuple[dict, dict]:
                                     Layout(cp=2, dp=2), Layout(tp=4, dp=2)], ids=str)
 @pytest.mark.parametrize("schedule", ["rank", "random"])
 def test_initialize_model_parallel_groups_equal_the_layout(layout: Layout, schedule: str) -> None:
-    assert not ps.model_parallel_is_initialized()
+    assert not _ps().model_parallel_is_initialized()
     results = simdist.run(init_body, layout=layout, schedule=schedule, schedule_seed=1)
     for rank, (groups, ranks) in enumerate(results):
         assert groups == {axis: layout.group_of(axis, rank) for axis in GETTERS}, rank
         coords = layout.coords(rank)
         assert ranks == {"tp": coords.tp, "cp": coords.cp, "dp": coords.dp, "pp": coords.pp}
-    assert not ps.model_parallel_is_initialized(), "the caller's (uninitialised) globals are back"
+    assert not _ps().model_parallel_is_initialized(), "the caller's (uninitialised) globals are back"
 
 
 SEQ, BATCH, VOCAB = 3, 2, 16
@@ -73,7 +83,8 @@ def logits_and_target() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cross_entropy_body(ctx: simdist.RankContext, tp: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    from megatron.core import tensor_parallel
+    _ps().initialize_model_parallel(tensor_model_parallel_size=tp)
     logits, target = logits_and_target()
     shard = VOCAB // tp
     # Megatron computes in float32 (it upcasts whatever it gets): feed float32 logits.
@@ -111,7 +122,9 @@ def tokens() -> torch.Tensor:
 
 
 def mlp_body(ctx: simdist.RankContext, tp: int, sequence_parallel: bool) -> tuple:
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    from megatron.core import tensor_parallel
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    _ps().initialize_model_parallel(tensor_model_parallel_size=tp)
     cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
                               use_cpu_initialization=True, params_dtype=torch.float64)
     col = tensor_parallel.ColumnParallelLinear(HIDDEN, FFN, config=cfg, init_method=seeded_init,
