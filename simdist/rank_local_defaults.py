@@ -22,18 +22,25 @@ unmodified code fail or give wrong results when shared is listed here:
   return the last rank's groups. ``megatron.core.tensor_parallel.random`` keeps
   the model-parallel RNG tracker (per-rank seeds) in module globals too.
 
-A library counts only when the process has already imported it when the run
-starts (importing Megatron costs seconds; a process that never did cannot hold
-its state). A module first imported by a rank during a run is shared, as
-before: import it before ``simdist.run``, or name it in ``rank_local=``.
+Megatron's modules are rank-local whether the process imported them before the
+run or a rank imports them during it (importing Megatron costs seconds, so a run
+never imports it itself). For the second case an import hook, in place only
+while such a run lasts, keeps the module's globals as they are right after its
+code ran: every other rank starts from those, as a process importing it would,
+and the caller gets them back when the run ends. DTensor's state counts only if
+``torch.distributed.tensor`` was imported before the run.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import sys
+import threading
+import types
 from typing import Any
 
-from .rank_state import _Slot, _attr_slot, _module_slot, attr_slot_name
+from .rank_state import _Slot, _attr_slot, _module_slot, attr_slot_name, module_slot_name
 
 # Megatron-core modules whose globals are process state (see the module doc).
 MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.tensor_parallel.random")
@@ -68,6 +75,111 @@ def _dtensor_handlers_slot(dispatcher: Any) -> _Slot:
     return _Slot(attr_slot_name(type(dispatcher), attr), get, set_, copy_, fingerprint)
 
 
+class _FreshGlobals(importlib.abc.MetaPathFinder):
+    """Records a watched module's globals right after its code has run."""
+
+    def __init__(self) -> None:
+        self.fresh: dict[str, dict[str, Any]] = {}
+        self.users = 0
+        self.lock = threading.Lock()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in MEGATRON_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Recording(spec.loader, self.fresh)
+        return spec
+
+
+class _Recording(importlib.abc.Loader):
+    def __init__(self, loader: Any, fresh: dict[str, dict[str, Any]]) -> None:
+        self.loader = loader
+        self.fresh = fresh
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # Look like an ordinary import afterwards (reload, resources).
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        slot = _module_slot(module)
+        # A copy: the importing rank goes on to change the live objects in place.
+        self.fresh[module.__name__] = slot.copy(slot.get())
+
+
+_fresh_globals = _FreshGlobals()
+_installed: dict[str, bool] = {}  # top-level package -> importable (looked up once)
+
+
+def _watch_imports() -> Any:
+    """Put the hook in place (once for concurrent runs); returns its release."""
+    with _fresh_globals.lock:
+        if _fresh_globals.users == 0:
+            sys.meta_path.insert(0, _fresh_globals)
+        _fresh_globals.users += 1
+    released = []
+
+    def release() -> None:
+        with _fresh_globals.lock:
+            if released:
+                return
+            released.append(True)
+            _fresh_globals.users -= 1
+            if _fresh_globals.users == 0 and _fresh_globals in sys.meta_path:
+                sys.meta_path.remove(_fresh_globals)
+
+    return release
+
+
+_NOT_YET = object()  # a rank's value for a module that did not exist at run start
+
+
+def _late_module_slot(name: str, release: Any) -> _Slot:
+    """A module a rank may import during the run. Until then there is nothing
+    to swap; afterwards each rank whose value is still ``_NOT_YET`` gets a copy
+    of the fresh globals, as its own first import would have given it. Always
+    read (no fingerprint): this only happens in runs that imported it."""
+    inner: list[_Slot] = []
+
+    def module_slot() -> _Slot | None:
+        if not inner:
+            module = sys.modules.get(name)
+            if module is None or name not in _fresh_globals.fresh:
+                return None
+            inner.append(_module_slot(module))
+        return inner[0]
+
+    def get() -> Any:
+        slot = module_slot()
+        return _NOT_YET if slot is None else slot.get()
+
+    def set_(value: Any) -> None:
+        slot = module_slot()
+        if slot is not None:
+            slot.set(slot.copy(_fresh_globals.fresh[name]) if value is _NOT_YET else value)
+
+    return _Slot(module_slot_name(name), get, set_, lambda v: v, close=release)
+
+
+def _importable(name: str) -> bool:
+    top = name.partition(".")[0]
+    if top not in _installed:
+        try:  # a top-level lookup imports nothing
+            _installed[top] = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            _installed[top] = False
+    return _installed[top]
+
+
 def default_slots(taken: set[str]) -> list[_Slot]:
     """Slots for the default rank-local state the process holds now, leaving
     out any the caller already listed in ``rank_local`` (names in ``taken``)."""
@@ -80,9 +192,16 @@ def default_slots(taken: set[str]) -> list[_Slot]:
     tracker_module = sys.modules.get("torch.distributed.tensor._random")
     if tracker_module is not None and hasattr(tracker_module, "_rng_tracker"):
         slots.append(_attr_slot(tracker_module, "_rng_tracker"))
+    late = []
     for name in MEGATRON_MODULES:
+        if module_slot_name(name) in taken:
+            continue
         module = sys.modules.get(name)
-        # A module still being imported (partly initialised) is left alone.
-        if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+        if module is not None:
             slots.append(_module_slot(module))
+        elif _importable(name):
+            late.append(name)
+    if late:
+        release = _watch_imports()
+        slots.extend(_late_module_slot(name, release) for name in late)
     return [s for s in slots if s.name not in taken]

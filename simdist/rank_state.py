@@ -37,15 +37,17 @@ class _Slot:
     writing a value the process already holds. It returns None when it cannot
     vouch for the current state (then the state is always read)."""
 
-    __slots__ = ("name", "get", "set", "copy", "fingerprint")
+    __slots__ = ("name", "get", "set", "copy", "fingerprint", "close")
 
     def __init__(self, name: str, get: Callable[[], Any], set_: Callable[[Any], None],
-                 copy_: Callable[[Any], Any], fingerprint: Callable[[], Any] | None = None) -> None:
+                 copy_: Callable[[Any], Any], fingerprint: Callable[[], Any] | None = None,
+                 close: Callable[[], None] | None = None) -> None:
         self.name = name
         self.get = get
         self.set = set_
         self.copy = copy_
         self.fingerprint = fingerprint or (lambda: None)
+        self.close = close or (lambda: None)  # called once the caller's value is back
 
 
 def _same(value: Any) -> Any:
@@ -268,6 +270,10 @@ class RankStates:
     def restore_caller(self) -> None:
         """Put the caller's values back (the run has ended)."""
         with self._lock:
-            for slot, value in zip(self._slots, self._caller):
-                slot.set(value)
-            self._loaded = None
+            try:
+                for slot, value in zip(self._slots, self._caller):
+                    slot.set(value)
+            finally:
+                for slot in self._slots:
+                    slot.close()
+                self._loaded = None

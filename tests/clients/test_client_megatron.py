@@ -170,3 +170,33 @@ def test_column_then_row_parallel_linear_equals_float64(tp: int, sequence_parall
         torch.testing.assert_close(x_grad, want_x[rows], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(w1_grad, want_w1[rank * f:(rank + 1) * f], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(w2_grad, want_w2[:, rank * f:(rank + 1) * f], rtol=1e-12, atol=1e-12)
+
+
+LATE_IMPORT = """
+import sys, simdist, torch.distributed as dist
+assert "megatron.core.parallel_state" not in sys.modules
+layout = simdist.Layout(tp=2, dp=2, pp=2)
+def body(ctx):
+    from megatron.core import parallel_state as ps  # the process's first import, inside rank 0
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    return [dist.get_process_group_ranks(g()) for g in (ps.get_tensor_model_parallel_group,
+            ps.get_data_parallel_group, ps.get_pipeline_model_parallel_group)]
+got = simdist.run(body, layout=layout, timeout=120)
+want = [[layout.group_of(a, r) for a in ("tp", "dp", "pp")] for r in range(8)]
+from megatron.core import parallel_state as ps
+print(got == want, ps.model_parallel_is_initialized())
+"""
+
+
+@pytest.mark.slow
+def test_megatron_first_imported_inside_a_rank_is_still_per_rank() -> None:
+    """A fresh interpreter (this one has Megatron imported already)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", LATE_IMPORT], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stdout

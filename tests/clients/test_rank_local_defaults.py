@@ -159,3 +159,52 @@ def test_megatron_globals_are_per_rank_and_the_callers_come_back(explicit: bool)
     assert got == [layout.group_of("dp", r) for r in range(4)]
     assert all(vars(ps)[k] is v for k, v in before.items())
     assert not ps.model_parallel_is_initialized()
+
+
+# --- a watched module first imported by a rank during the run ------------------------------
+
+def late_import_body(ctx: simdist.RankContext, name: str) -> tuple[int, list[int]]:
+    import importlib
+    state = importlib.import_module(name)  # the first import in the process: rank 0's
+    state.init(ctx.rank)  # refuses a second init, like Megatron
+    dist.barrier()
+    state.SEEN.append(ctx.rank)
+    dist.barrier()
+    return state.OWNER, list(state.SEEN)
+
+
+def test_a_watched_module_imported_inside_a_rank_is_still_per_rank(tmp_path, monkeypatch) -> None:
+    name = "simdist_late_state_pkg"
+    (tmp_path / f"{name}.py").write_text(
+        "OWNER = None\nSEEN = []\n"
+        "def init(rank):\n    global OWNER\n"
+        "    if OWNER is not None:\n        raise RuntimeError('already initialized')\n"
+        "    OWNER = rank\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(defaults, "MEGATRON_MODULES", (name,))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        got = simdist.run(late_import_body, world_size=3, args=(name,), timeout=TIMEOUT)
+        assert got == [(r, [r]) for r in range(3)]
+        module = sys.modules[name]
+        assert (module.OWNER, module.SEEN) == (None, []), "the caller gets the freshly imported globals"
+        assert defaults._fresh_globals not in sys.meta_path, "the import hook is gone after the run"
+        # Imported before the next run: the ordinary per-rank copy from run start.
+        assert simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT) == [(0, [0]), (1, [1])]
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_a_module_imported_inside_a_rank_without_the_hook_is_shared(tmp_path, monkeypatch) -> None:
+    name = "simdist_late_state_unwatched"
+    (tmp_path / f"{name}.py").write_text(
+        "OWNER = None\nSEEN = []\n"
+        "def init(rank):\n    global OWNER\n"
+        "    if OWNER is not None:\n        raise RuntimeError('already initialized')\n"
+        "    OWNER = rank\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(simdist.RankError, match="already initialized"):
+            simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT)
+    finally:
+        sys.modules.pop(name, None)
