@@ -58,6 +58,18 @@ OPS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[list[torc
         lambda x: _wait(funcol.all_to_all_single_autograd(x, None, None, dist.group.WORLD)),
         lambda xs, r: torch.cat([x.chunk(WORLD)[r] for x in xs])),
 }
+# The names torch 2.13 recommends instead of the deprecated ones above (older
+# torch has only those): the same semantics.
+if hasattr(funcol, "all_gather_single_autograd"):
+    OPS["funcol.all_gather_single_autograd"] = (
+        lambda x: _wait(funcol.all_gather_single_autograd(x, 0, dist.group.WORLD)),
+        lambda xs, r: torch.cat(xs))
+    OPS["funcol.reduce_scatter_single_autograd"] = (
+        lambda x: _wait(funcol.reduce_scatter_single_autograd(x, "sum", 0, dist.group.WORLD)),
+        lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs))
+    OPS["funcol.all_reduce"] = (  # differentiable on the torch that has the names above
+        lambda x: _wait(funcol.all_reduce(x, "sum", dist.group.WORLD)),
+        lambda xs, r: sum(xs))
 
 
 def functional_body(ctx: simdist.RankContext, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +79,7 @@ def functional_body(ctx: simdist.RankContext, name: str) -> tuple[torch.Tensor, 
     return out.detach(), x.grad
 
 
+@pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")  # still in wide use
 @pytest.mark.parametrize("name", list(OPS))
 def test_collective_gradients_equal_the_derivative_of_every_ranks_loss(name: str) -> None:
     xs = [rank_input(r).requires_grad_() for r in range(WORLD)]

@@ -72,7 +72,7 @@ def pipeline_body(ctx: simdist.RankContext, name: str) -> tuple[list[float], dic
     for i in indices:
         for n, g in grads(parts[i]).items():
             named[f"stage{i}.{n}"] = g
-    return [float(l) for l in losses], named
+    return [float(l.detach()) for l in losses], named
 
 
 def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
