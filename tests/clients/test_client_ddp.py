@@ -7,6 +7,8 @@ with its own all_reduce) must all give the gradients of the whole batch.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -47,11 +49,10 @@ def ddp_body(ctx: simdist.RankContext, hook: str, micro: int) -> tuple[list[dict
         for m in range(micro):
             x, y = batch(10 * step + m, ROWS * WORLD, (DIMS[0], DIMS[-1]))
             mine = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
-            loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine]) / micro
-            if m < micro - 1:
-                with model.no_sync():  # accumulate locally, no communication
-                    loss.backward()
-            else:
+            # All but the last microbatch accumulate locally, without communication
+            # (no_sync must cover the forward too: that is where DDP arms its hooks).
+            with model.no_sync() if m < micro - 1 else contextlib.nullcontext():
+                loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine]) / micro
                 loss.backward()
         out.append(grads(model.module))
     return out, seen_buckets
@@ -80,8 +81,11 @@ def test_ddp_gradients_equal_the_full_batch(hook: str, micro: int) -> None:
     if hook == "own":
         calls = per_rank[0][1]
         assert all(seen == calls for _, seen in per_rank)
-        # Rebuilt after step 1: several buckets in step 2.
-        assert len({b for step, b in calls if step == 1}) >= 3, calls
+        # Step 1: one bucket, reduced once (the no_sync microbatches reduced
+        # nothing); rebuilt after it, step 2 reduces each of several buckets once.
+        assert [b for step, b in calls if step == 0] == [0], calls
+        later = [b for step, b in calls if step == 1]
+        assert len(later) >= 3 and sorted(later) == list(range(len(later))), calls
 
 
 @pytest.mark.gloo
