@@ -135,9 +135,14 @@ def time_gloo(case: DraftCase, reps: int) -> tuple[float, float]:
 
 def gloo_preloaded(reps: int) -> dict[str, list[float]]:
     """``time_gloo`` for every layout, in a subprocess whose forkserver imported the test modules first."""
+    # The forkserver imports its preload list with the sys.path it starts
+    # with (PYTHONPATH), not the caller's, and skips what it cannot import.
+    env = dict(os.environ)
+    folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests"), str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(folders + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     out = subprocess.run(
         [sys.executable, __file__, "--gloo-preloaded-worker", "--reps", str(reps)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        cwd=ROOT, capture_output=True, text=True, check=False, env=env,
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
