@@ -340,9 +340,10 @@ def main() -> int:
         print(f"   {_name(layout):<12} {wall * 1e3:7.1f} {world * 1e3:7.1f} {compute * 1e3:8.1f} {in_calls * 1e3:9.1f} "
               f"{calls:>10} {(wall - world - compute - in_calls) * 1e3:6.1f} | {floor * 1e3:6.1f} {best:9.1f}x")
     print("   world: start + teardown of an empty world; compute: rank threads' CPU in the body outside\n"
-          "   torch.distributed calls; in calls: their CPU inside them (simdist's per-call work); rest: handing\n"
-          "   the run token between threads, the caller's thread, the machine's other load; floor: every rank's\n"
-          "   body in one thread, collectives as no-ops; best ratio: gloo / (world + floor).")
+          "   torch.distributed calls; in calls: their CPU inside them (simdist's per-call work); rest: total\n"
+          "   minus those (handing the run token between threads, the caller's thread, the machine's other\n"
+          "   load; each column is a median of its own runs, so noise can push it below 0); floor: every\n"
+          "   rank's body in one thread, collectives as no-ops; best ratio: gloo / (world + floor).")
     return 0
 
 
