@@ -39,6 +39,7 @@ DP x CP is already the whole batch's gradient: the draft correction stays
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -198,10 +199,25 @@ def parameter_layout(config: CotrainConfig) -> dict[str, ParamLayout]:
 
 
 def full_initial_parameters(config: CotrainConfig) -> dict[str, torch.Tensor]:
-    """The unsharded initial parameters in float64, a pure function of the config."""
-    V, H, F = config.vocab_size, config.hidden_size, config.ffn_size
+    """The unsharded initial parameters in float64, a pure function of the config.
+
+    Fresh tensors on every call (callers may change them); the values are
+    drawn once per model shape, seed and scale: every rank of a job, and every
+    worker a test builds, starts from the same ones.
+    """
+    drawn = _initial_parameters(
+        config.vocab_size, config.hidden_size, config.ffn_size, config.num_layers, config.seed, config.init_std
+    )
+    return {name: value.clone() for name, value in drawn.items()}
+
+
+@functools.lru_cache(maxsize=16)
+def _initial_parameters(
+    V: int, H: int, F: int, num_layers: int, seed: int, init_std: float
+) -> dict[str, torch.Tensor]:
+    # Never handed out: full_initial_parameters returns copies.
     shapes = {"embedding.weight": (V, H)}
-    for i in range(config.num_layers):
+    for i in range(num_layers):
         shapes |= {
             f"layers.{i}.fc1.weight": (F, H), f"layers.{i}.fc1.bias": (F,),
             f"layers.{i}.fc2.weight": (H, F), f"layers.{i}.fc2.bias": (H,),
@@ -210,9 +226,9 @@ def full_initial_parameters(config: CotrainConfig) -> dict[str, torch.Tensor]:
         "output.weight": (V, H), "draft.embedding.weight": (V, H),
         "draft.fc.weight": (H, 2 * H), "draft.fc.bias": (H,), "draft.head.weight": (V, H),
     }
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(seed)
     return {
-        name: torch.randn(shape, generator=generator, dtype=torch.float64) * config.init_std
+        name: torch.randn(shape, generator=generator, dtype=torch.float64) * init_std
         for name, shape in shapes.items()
     }
 

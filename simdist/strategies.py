@@ -44,19 +44,26 @@ def layouts(
     # drawn first, small ones as often as large ones: 2, 4, 8, ... up to
     # max_world_size. Uniform degrees alone would make most worlds large.
     bounds = sorted({min(max_world_size, 2**k) for k in range(1, max(1, max_world_size).bit_length() + 1)})
+    return _layouts(tuple(bounds), tuple(axes), max_degree)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> Layout:
-        sizes: dict[str, int] = {}
-        budget = draw(st.sampled_from(bounds))
-        for axis in axes:
-            top = min(max_degree, budget)
-            size = draw(st.integers(1, top))
-            sizes[axis] = size
-            budget //= size
-        return Layout(**sizes)
 
-    return build()
+# The composite strategies are defined once, at module level, and take their
+# parameters as arguments: Hypothesis inspects a function's source each time
+# ``@st.composite`` decorates it (about 2.5 ms), so a composite defined inside
+# a strategy function that is called per draw (a mask row per row) would cost
+# more than many of the cases drawn from it.
+
+
+@st.composite
+def _layouts(draw: st.DrawFn, bounds: tuple[int, ...], axes: tuple[str, ...], max_degree: int) -> Layout:
+    sizes: dict[str, int] = {}
+    budget = draw(st.sampled_from(bounds))
+    for axis in axes:
+        top = min(max_degree, budget)
+        size = draw(st.integers(1, top))
+        sizes[axis] = size
+        budget //= size
+    return Layout(**sizes)
 
 
 def token_masks(
@@ -66,27 +73,27 @@ def token_masks(
     whose only valid token is the first, and random ones."""
     if batch < 1 or seq_len < 1:
         raise ValueError(f"batch and seq_len must be >= 1, got {batch}, {seq_len}")
+    return _token_masks(batch, seq_len, allow_empty_rows)
+
+
+@st.composite
+def _token_masks(draw: st.DrawFn, batch: int, seq_len: int, allow_empty_rows: bool) -> torch.Tensor:
     row_kinds = ["random", "full", "first_only"] + (["empty"] if allow_empty_rows else [])
-
-    @st.composite
-    def build(draw: st.DrawFn) -> torch.Tensor:
-        rows = []
-        for _ in range(batch):
-            kind = draw(st.sampled_from(row_kinds))
-            if kind == "empty":
-                rows.append([0] * seq_len)
-            elif kind == "full":
-                rows.append([1] * seq_len)
-            elif kind == "first_only":
-                rows.append([1] + [0] * (seq_len - 1))
-            else:
-                row = draw(st.lists(st.integers(0, 1), min_size=seq_len, max_size=seq_len))
-                if not allow_empty_rows and not any(row):
-                    row[draw(st.integers(0, seq_len - 1))] = 1
-                rows.append(row)
-        return torch.tensor(rows, dtype=torch.long)
-
-    return build()
+    rows = []
+    for _ in range(batch):
+        kind = draw(st.sampled_from(row_kinds))
+        if kind == "empty":
+            rows.append([0] * seq_len)
+        elif kind == "full":
+            rows.append([1] * seq_len)
+        elif kind == "first_only":
+            rows.append([1] + [0] * (seq_len - 1))
+        else:
+            row = draw(st.lists(st.integers(0, 1), min_size=seq_len, max_size=seq_len))
+            if not allow_empty_rows and not any(row):
+                row[draw(st.integers(0, seq_len - 1))] = 1
+            rows.append(row)
+    return torch.tensor(rows, dtype=torch.long)
 
 
 # ------------------------------------------------------------------ fuzzing
@@ -115,29 +122,29 @@ def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[lis
     towards a fully valid 0/1 row."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"mask_rows: seq_len must be a positive int, got {seq_len!r}")
+    return _mask_row(seq_len, fractional)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> list[float]:
-        kind = draw(st.sampled_from(MASK_ROW_KINDS))
-        scale = draw(st.sampled_from(MASK_SCALES)) if fractional else 1.0
-        if kind == "full":
-            row = [1.0] * seq_len
-        elif kind == "empty":
-            row = [0.0] * seq_len
-        elif kind == "prefix":
-            length = draw(st.integers(1, seq_len))
-            row = [1.0] * length + [0.0] * (seq_len - length)
-        elif kind == "single":
-            at = draw(st.integers(0, seq_len - 1))
-            row = [1.0 if t == at else 0.0 for t in range(seq_len)]
-        elif kind == "first_only":
-            row = [1.0] + [0.0] * (seq_len - 1)
-        else:
-            values = st.sampled_from((1.0, 0.0, 0.5)) if fractional else st.sampled_from((1.0, 0.0))
-            row = draw(st.lists(values, min_size=seq_len, max_size=seq_len))
-        return [value * scale for value in row]
 
-    return build()
+@st.composite
+def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
+    kind = draw(st.sampled_from(MASK_ROW_KINDS))
+    scale = draw(st.sampled_from(MASK_SCALES)) if fractional else 1.0
+    if kind == "full":
+        row = [1.0] * seq_len
+    elif kind == "empty":
+        row = [0.0] * seq_len
+    elif kind == "prefix":
+        length = draw(st.integers(1, seq_len))
+        row = [1.0] * length + [0.0] * (seq_len - length)
+    elif kind == "single":
+        at = draw(st.integers(0, seq_len - 1))
+        row = [1.0 if t == at else 0.0 for t in range(seq_len)]
+    elif kind == "first_only":
+        row = [1.0] + [0.0] * (seq_len - 1)
+    else:
+        values = st.sampled_from((1.0, 0.0, 0.5)) if fractional else st.sampled_from((1.0, 0.0))
+        row = draw(st.lists(values, min_size=seq_len, max_size=seq_len))
+    return [value * scale for value in row]
 
 
 def token_distributions(
@@ -164,27 +171,29 @@ def token_distributions(
             f"token_distributions: rows_per_microbatch must be (low, high) with 1 <= low <= high, "
             f"got {rows_per_microbatch!r}"
         )
+    return _token_distributions(ranks, microbatches, seq_len, low_rows, high_rows, fractional)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> list[list[list[list[float]]]]:
-        out = []
-        for _ in range(ranks):
-            rows = draw(st.integers(low_rows, high_rows))
-            rank_masked = draw(st.booleans())
-            per_rank = []
-            for _ in range(microbatches):
-                micro_masked = draw(st.booleans())
-                # Rows are drawn even when masked: Hypothesis prefers shorter
-                # draws, and skipping them would make "all masked" the
-                # simplest mask instead of "fully valid".
-                micro = [draw(mask_rows(seq_len, fractional=fractional)) for _ in range(rows)]
-                if rank_masked or micro_masked:
-                    micro = [[0.0] * seq_len for _ in range(rows)]
-                per_rank.append(micro)
-            out.append(per_rank)
-        return out
 
-    return build()
+@st.composite
+def _token_distributions(draw: st.DrawFn, ranks: int, microbatches: int, seq_len: int, low_rows: int,
+                         high_rows: int, fractional: bool) -> list[list[list[list[float]]]]:
+    row = mask_rows(seq_len, fractional=fractional)
+    out = []
+    for _ in range(ranks):
+        rows = draw(st.integers(low_rows, high_rows))
+        rank_masked = draw(st.booleans())
+        per_rank = []
+        for _ in range(microbatches):
+            micro_masked = draw(st.booleans())
+            # Rows are drawn even when masked: Hypothesis prefers shorter
+            # draws, and skipping them would make "all masked" the
+            # simplest mask instead of "fully valid".
+            micro = [draw(row) for _ in range(rows)]
+            if rank_masked or micro_masked:
+                micro = [[0.0] * seq_len for _ in range(rows)]
+            per_rank.append(micro)
+        out.append(per_rank)
+    return out
 
 
 def bin_weights(num_bins: tuple[int, int] = (1, 4)) -> st.SearchStrategy[tuple[float, ...]]:
@@ -220,13 +229,13 @@ def reductions(models: Sequence[str] = REDUCTION_NAMES, *, max_seed: int = 2**16
     unknown = [m for m in models if m not in REDUCTION_NAMES]
     if unknown or not models:
         raise ValueError(f"reductions: models must be some of {REDUCTION_NAMES}, got {list(models)}")
+    return _reductions(tuple(models), max_seed)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> ReductionChoice:
-        model = draw(st.sampled_from(tuple(models)))
-        return ReductionChoice(model, draw(st.integers(0, max_seed)) if model == "shuffled" else 0)
 
-    return build()
+@st.composite
+def _reductions(draw: st.DrawFn, models: tuple[str, ...], max_seed: int) -> ReductionChoice:
+    model = draw(st.sampled_from(models))
+    return ReductionChoice(model, draw(st.integers(0, max_seed)) if model == "shuffled" else 0)
 
 
 def faults(
@@ -251,21 +260,22 @@ def faults(
         raise ValueError(f"faults: kinds must be some of {KINDS}, got {list(kinds)}")
     if max_nth < 1:
         raise ValueError(f"faults: max_nth must be >= 1, got {max_nth}")
+    return _faults(world_size, tuple(kinds), tuple(ops), tuple(groups), max_nth, delay_seconds)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> Fault:
-        kind = draw(st.sampled_from(tuple(kinds)))
-        return Fault(
-            kind,
-            rank=draw(st.integers(0, world_size - 1)),
-            op=draw(st.sampled_from(tuple(ops))),
-            group=draw(st.sampled_from(tuple(groups))),
-            nth=draw(st.integers(1, max_nth)),
-            mode=draw(st.sampled_from(CORRUPT_MODES)) if kind == "corrupt" else "nan",
-            seconds=delay_seconds,
-        )
 
-    return build()
+@st.composite
+def _faults(draw: st.DrawFn, world_size: int, kinds: tuple[str, ...], ops: tuple[str | None, ...],
+            groups: tuple[str | None, ...], max_nth: int, delay_seconds: float) -> Fault:
+    kind = draw(st.sampled_from(kinds))
+    return Fault(
+        kind,
+        rank=draw(st.integers(0, world_size - 1)),
+        op=draw(st.sampled_from(ops)),
+        group=draw(st.sampled_from(groups)),
+        nth=draw(st.integers(1, max_nth)),
+        mode=draw(st.sampled_from(CORRUPT_MODES)) if kind == "corrupt" else "nan",
+        seconds=delay_seconds,
+    )
 
 
 def fault_plans(world_size: int, *, max_faults: int = 2, **fault_options: object) -> st.SearchStrategy[FaultPlan]:

@@ -198,6 +198,7 @@ def check_against(
     atol_fraction: float,
     what: str,
     tp_sharded_expected: bool,
+    ranks: Iterable[int] | None = None,
 ) -> dict[str, float]:
     """Grads, params, norms and metrics of every rank against ``expected(rank)``.
 
@@ -207,42 +208,81 @@ def check_against(
     ``atol_fraction`` is relative to the largest magnitude of the compared
     quantity over the whole model, so tiny entries are judged at the scale of
     the big ones (the rounding they carry comes from sums of big terms).
+
+    ``ranks`` limits the comparison to those ranks (default: every rank), for
+    callers that have already shown the others to hold bitwise the same values
+    as one of them against the same expectation (DP replicas).
     """
     sample = expected(0)
     grad_scale = max(float(t.abs().max()) for t in _values(sample.grads)) or 1.0
     param_scale = max(float(t.abs().max()) for t in _values(sample.params)) or 1.0
     worst = {"grads": 0.0, "params": 0.0, "grad_norms": 0.0, "metrics": 0.0}
-    for rank, result in enumerate(results):
+    for rank in range(len(results)) if ranks is None else ranks:
+        result = results[rank]
         coords = layout.coords(rank)
         exp = expected(rank)
-        for name, grad in result.grads.items():
-            ref = exp.grads[name]
-            if tp_sharded_expected:
-                ref = shard(ref, name, coords.tp, layout.tp)
-            error = _close(grad, ref, rtol, atol_fraction * grad_scale, f"{what}: rank {rank} grad {name}")
-            worst["grads"] = max(worst["grads"], error / grad_scale)
-        for name, param in result.params.items():
-            ref = exp.params[name]
-            if tp_sharded_expected:
-                ref = shard(ref, name, coords.tp, layout.tp)
-            error = _close(param, ref, rtol, atol_fraction * param_scale, f"{what}: rank {rank} param {name}")
-            worst["params"] = max(worst["params"], error / param_scale)
-        for group in ("policy", "draft"):
-            error = _close(
-                torch.tensor(result.grad_norms[group]), torch.tensor(exp.grad_norms[group]),
-                rtol, atol_fraction * grad_scale, f"{what}: rank {rank} {group} grad norm",
-            )
-            worst["grad_norms"] = max(worst["grad_norms"], error / grad_scale)
-        for metric in METRIC_NAMES:
-            error = _close(
-                torch.tensor(result.metrics[metric]), torch.tensor(exp.metrics[metric]),
-                rtol, atol_fraction, f"{what}: rank {rank} metric {metric}",
-            )
-            worst["metrics"] = max(worst["metrics"], error)
+        for kind, scale in (("grads", grad_scale), ("params", param_scale)):
+            actual: dict[str, torch.Tensor] = getattr(result, kind)
+            refs = {
+                name: shard(getattr(exp, kind)[name], name, coords.tp, layout.tp) if tp_sharded_expected
+                else getattr(exp, kind)[name]
+                for name in actual
+            }
+            error = _close_all(actual, refs, rtol, atol_fraction * scale, f"{what}: rank {rank} {kind[:-1]}")
+            worst[kind] = max(worst[kind], error / scale)
+        norms = torch.tensor([result.grad_norms[group] for group in ("policy", "draft")])
+        ref_norms = torch.tensor([exp.grad_norms[group] for group in ("policy", "draft")])
+        if not _within(norms, ref_norms, rtol, atol_fraction * grad_scale):
+            for group in ("policy", "draft"):  # the first one out of tolerance raises
+                _close(torch.tensor(result.grad_norms[group]), torch.tensor(exp.grad_norms[group]),
+                       rtol, atol_fraction * grad_scale, f"{what}: rank {rank} {group} grad norm")
+        worst["grad_norms"] = max(worst["grad_norms"], _max_error(norms, ref_norms) / grad_scale)
+        metrics = torch.tensor([result.metrics[metric] for metric in METRIC_NAMES])
+        ref_metrics = torch.tensor([exp.metrics[metric] for metric in METRIC_NAMES])
+        if not _within(metrics, ref_metrics, rtol, atol_fraction):
+            for metric in METRIC_NAMES:
+                _close(torch.tensor(result.metrics[metric]), torch.tensor(exp.metrics[metric]),
+                       rtol, atol_fraction, f"{what}: rank {rank} metric {metric}")
+        worst["metrics"] = max(worst["metrics"], _max_error(metrics, ref_metrics))
     # Every parameter of the model is owned by some rank.
     owned = set().union(*(r.grads.keys() for r in results))
     assert owned == set(sample.grads) or not tp_sharded_expected, f"{what}: parameters {set(sample.grads) - owned} unowned"
     return worst
+
+
+# The comparisons are elementwise, so one rank's tensors of a kind are judged
+# as one flat float64 vector (a handful of torch ops instead of a handful per
+# tensor: the checks cost as much as a small world otherwise). Only when that
+# vector is out of tolerance are the tensors compared one by one, so the
+# error names the first one that fails, exactly as a per-tensor loop would.
+
+
+def _flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    # cat promotes mixed floating dtypes to the widest, which holds every value exactly.
+    parts = [t.reshape(-1) for t in tensors]
+    return torch.cat(parts).to(torch.float64) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _within(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> bool:
+    actual, expected = actual.to(torch.float64), expected.to(torch.float64)
+    return bool(((actual - expected).abs() <= atol + rtol * expected.abs()).all())
+
+
+def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    error = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+    return float(error.max()) if error.numel() else 0.0
+
+
+def _close_all(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float, atol: float,
+               what: str) -> float:
+    """``_close`` of every ``actual[name]`` against ``expected[name]`` (message ``"{what} {name}"``);
+    returns the largest absolute error over all of them."""
+    flat_actual, flat_expected = _flat(actual.values()), _flat(expected[name] for name in actual)
+    same_shapes = all(value.shape == expected[name].shape for name, value in actual.items())
+    if not same_shapes or not _within(flat_actual, flat_expected, rtol, atol):
+        for name, value in actual.items():
+            _close(value, expected[name], rtol, atol, f"{what} {name}")
+    return _max_error(flat_actual, flat_expected)
 
 
 def _values(d) -> Iterable[torch.Tensor]:

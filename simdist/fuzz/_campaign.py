@@ -145,6 +145,12 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
         })
         if cfg.max_world_size is not None:
             env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
+        # One intra-op thread per worker, as torchrun gives each rank, unless the
+        # user chose: the ranks' tensors are far too small to gain from more,
+        # the workers already use the cores, and on a busy machine an OpenMP
+        # region waiting for a descheduled helper thread stalls a case for
+        # tens to hundreds of milliseconds.
+        env.setdefault("OMP_NUM_THREADS", "1")
         log = open(run_dir / f"worker-{k}.log", "wb")
         logs.append(log)
         procs.append(subprocess.Popen(_worker_command(cfg.targets), env=env, stdout=log,

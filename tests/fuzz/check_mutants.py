@@ -41,6 +41,11 @@ def _one(mutant: str, examples: int, seed: int) -> dict[str, object]:
         phases=[Phase.generate, Phase.target], suppress_health_check=list(HealthCheck),
     )
     settings.load_profile("check-mutants")
+    if "OMP_NUM_THREADS" not in os.environ:
+        # As the campaign's workers: one intra-op thread (see simdist.fuzz._campaign).
+        import torch
+
+        torch.set_num_threads(1)
     import mutants
 
     if mutant != "none":

@@ -228,19 +228,21 @@ def chunk_sizes(tokens: int) -> st.SearchStrategy[int]:
     equal (one cached tile), a few partial tiles (streaming, a last partial
     tile), or 1 (a tile per token). Every tile costs two TP all-reduces per
     microbatch, so the many-tile sizes are kept to a quarter of the cases."""
+    return _chunk_sizes(tokens)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> int:
-        kind = draw(st.sampled_from(("beyond", "equal", "partial", "one")))
-        if kind == "beyond":
-            return draw(st.integers(tokens + 1, tokens + 2))
-        if kind == "equal" or tokens < 2:
-            return tokens
-        if kind == "partial":
-            return draw(st.integers(max(2, -(-tokens // 4)), tokens - 1)) if tokens > 2 else 1
-        return 1
 
-    return build()
+# Module level: Hypothesis reads a composite's source each time @st.composite
+# decorates it (see simdist.strategies), too slow to repeat for every case.
+@st.composite
+def _chunk_sizes(draw: st.DrawFn, tokens: int) -> int:
+    kind = draw(st.sampled_from(("beyond", "equal", "partial", "one")))
+    if kind == "beyond":
+        return draw(st.integers(tokens + 1, tokens + 2))
+    if kind == "equal" or tokens < 2:
+        return tokens
+    if kind == "partial":
+        return draw(st.integers(max(2, -(-tokens // 4)), tokens - 1)) if tokens > 2 else 1
+    return 1
 
 
 def probe_points(microbatches: int) -> list[str]:

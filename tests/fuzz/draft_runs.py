@@ -7,7 +7,7 @@ a case's per-rank batches instead of the harness' fixed scenarios.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from hypothesis import target
@@ -15,7 +15,7 @@ from hypothesis.control import currently_in_test_context
 
 import simdist
 from simdist import fuzz
-from cotrain_harness import TOLERANCES, _close, groups_of, shard
+from cotrain_harness import TOLERANCES, _close, _close_all, _flat, _within, groups_of, shard
 from draft_cases import DraftCase, fault_plan_of, spoil
 from draft_loss.cotrain import (
     METRIC_NAMES,
@@ -110,8 +110,28 @@ def check_replicas_agree(case: DraftCase, results: list[StepResult], mode: str) 
                 )
 
 
+def replica_representatives(case: DraftCase) -> list[int]:
+    """The lowest rank of each set of DP replicas (same TP/CP/PP coordinates).
 
-def check_updates(case: DraftCase, results: list[StepResult], reference: Any) -> float:
+    Once ``check_replicas_agree`` has passed, every other rank holds bitwise
+    the same gradients and parameters as its representative, and
+    ``check_ranks_agree`` the same metrics and grad norms as every rank, so a
+    comparison with an expectation that is the same for the replicas (the
+    float64 reference sharded by TP rank; the other mode's results, whose
+    replicas agree too) gives each replica its representative's outcome, and
+    the first failing rank in rank order is a representative. Comparing the
+    representatives alone checks exactly what comparing every rank checks.
+    """
+    layout = case.layout
+    first: dict[tuple[int, int, int], int] = {}
+    for rank in range(layout.world_size):
+        coords = layout.coords(rank)
+        first.setdefault((coords.tp, coords.cp, coords.pp), rank)
+    return sorted(first.values())
+
+
+def check_updates(case: DraftCase, results: list[StepResult], reference: Any,
+                  ranks: Iterable[int] | None = None) -> float:
     """float32: each rank's applied update (parameters after minus before) equals
     the reference's, judged at the scale of the update, not of the parameters.
 
@@ -122,7 +142,7 @@ def check_updates(case: DraftCase, results: list[StepResult], reference: Any) ->
     float32 parameter after the step carries at most 6e-8 x |p| of rounding,
     far below 1e-4 of the largest update. Returns the worst error / tolerance.
     bfloat16 is not judged here: rounding a parameter to 8 bits is as large as
-    the update itself.
+    the update itself. ``ranks``: those ranks only (see ``replica_representatives``).
     """
     if case.dtype != "float32":
         return 0.0
@@ -133,15 +153,26 @@ def check_updates(case: DraftCase, results: list[StepResult], reference: Any) ->
     scale = max((float(u.abs().max()) for u in updates.values() if u.numel()), default=0.0) or 1.0
     worst = 0.0
     layout = case.layout
-    for rank, result in enumerate(results):
+
+    def ratio_of(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, torch.Tensor]:
+        error = (actual - expected).abs()
+        allowed = atol_fraction * scale + rtol * expected.abs()
+        ratio = float((error / allowed).max()) if error.numel() else 0.0
+        return (ratio if ratio == ratio else float("inf")), error
+
+    for rank in range(len(results)) if ranks is None else ranks:
+        result = results[rank]
         tp_rank = layout.coords(rank).tp
+        expected = {name: shard(updates[name], name, tp_rank, layout.tp) for name in result.params}
+        before = {name: shard(initial[name], name, tp_rank, layout.tp) for name in result.params}
+        # Elementwise: the rank's parameters as one vector (see cotrain_harness._flat);
+        # tensor by tensor only to name the first one out of tolerance.
+        flat = _flat_ratio(result.params, before, expected, ratio_of)
+        if flat is not None and flat <= 1.0:
+            worst = max(worst, flat)
+            continue
         for name, param in result.params.items():
-            expected = shard(updates[name], name, tp_rank, layout.tp)
-            actual = param.to(torch.float64) - shard(initial[name], name, tp_rank, layout.tp)
-            error = (actual - expected).abs()
-            allowed = atol_fraction * scale + rtol * expected.abs()
-            ratio = float((error / allowed).max()) if error.numel() else 0.0
-            ratio = ratio if ratio == ratio else float("inf")
+            ratio, error = ratio_of(param.to(torch.float64) - before[name], expected[name])
             if ratio > 1.0:
                 raise AssertionError(
                     f"rank {rank} applied update of {name}: error {float(error.max()):.3e} is {ratio:.2f}x the "
@@ -149,6 +180,15 @@ def check_updates(case: DraftCase, results: list[StepResult], reference: Any) ->
                 )
             worst = max(worst, ratio)
     return worst
+
+
+def _flat_ratio(params: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor],
+                expected: Mapping[str, torch.Tensor], ratio_of: Callable[..., tuple[float, torch.Tensor]]) -> float | None:
+    """``ratio_of`` over every parameter at once; None when shapes differ (judged tensor by tensor then)."""
+    if any(p.shape != before[n].shape or p.shape != expected[n].shape for n, p in params.items()):
+        return None
+    ratio, _ = ratio_of(_flat(params.values()) - _flat(before[n] for n in params), _flat(expected[n] for n in params))
+    return ratio
 
 
 def worst_ratio(
@@ -160,10 +200,12 @@ def worst_ratio(
     atol_fraction: float,
     tp_sharded_expected: bool,
     gradients: bool = True,
+    ranks: Iterable[int] | None = None,
 ) -> float:
     """Largest ``error / allowed`` over everything ``check_against`` compares
     (1.0 is the tolerance): the figure ``hypothesis.target`` maximises.
-    ``gradients=False`` leaves out the gradients and grad norms."""
+    ``gradients=False`` leaves out the gradients and grad norms; ``ranks``:
+    those ranks only (see ``replica_representatives``)."""
     layout = case.layout
     sample = expected(0)
     grad_scale = max((float(t.abs().max()) for t in sample.grads.values() if t.numel()), default=0.0) or 1.0
@@ -177,22 +219,34 @@ def worst_ratio(
         value = float((error / allowed).max()) if error.numel() else 0.0
         return value if value == value else float("inf")  # NaN: infinitely wrong
 
-    for rank, result in enumerate(results):
+    # Elementwise, so the maximum over one flat vector per kind equals the
+    # maximum over the tensors (a NaN anywhere makes either infinite).
+    for rank in range(len(results)) if ranks is None else ranks:
+        result = results[rank]
         tp_rank = layout.coords(rank).tp
         exp = expected(rank)
         kinds = (("grads", grad_scale), ("params", param_scale)) if gradients else (("params", param_scale),)
         for kind, scale in kinds:
-            for name, value in getattr(result, kind).items():
-                ref = getattr(exp, kind)[name]
-                if tp_sharded_expected:
-                    ref = shard(ref, name, tp_rank, layout.tp)
-                worst = max(worst, ratio(value, ref, atol_fraction * scale))
-        for group in ("policy", "draft") if gradients else ():
+            values: dict[str, torch.Tensor] = getattr(result, kind)
+            refs = {
+                name: shard(getattr(exp, kind)[name], name, tp_rank, layout.tp) if tp_sharded_expected
+                else getattr(exp, kind)[name]
+                for name in values
+            }
+            if all(v.shape == refs[n].shape for n, v in values.items()):
+                worst = max(worst, ratio(_flat(values.values()), _flat(refs[n] for n in values), atol_fraction * scale))
+            else:  # broadcasting shapes: as the per-tensor comparison treats them
+                for name, value in values.items():
+                    worst = max(worst, ratio(value, refs[name], atol_fraction * scale))
+        if gradients:
             worst = max(worst, ratio(
-                torch.tensor(result.grad_norms[group]), torch.tensor(exp.grad_norms[group]), atol_fraction * grad_scale
+                torch.tensor([result.grad_norms[group] for group in ("policy", "draft")]),
+                torch.tensor([exp.grad_norms[group] for group in ("policy", "draft")]), atol_fraction * grad_scale,
             ))
-        for metric in METRIC_NAMES:
-            worst = max(worst, ratio(torch.tensor(result.metrics[metric]), torch.tensor(exp.metrics[metric]), atol_fraction))
+        worst = max(worst, ratio(
+            torch.tensor([result.metrics[metric] for metric in METRIC_NAMES]),
+            torch.tensor([exp.metrics[metric] for metric in METRIC_NAMES]), atol_fraction,
+        ))
     return worst
 
 
@@ -231,18 +285,23 @@ def gradients_judged_against_reference(case: DraftCase) -> bool:
 
 
 def check_params_and_metrics(case: DraftCase, results: list[StepResult], reference: Any, *,
-                             rtol: float, atol_fraction: float, what: str) -> None:
-    """``check_against`` without gradients and grad norms (bfloat16 vs float64)."""
+                             rtol: float, atol_fraction: float, what: str,
+                             ranks: Iterable[int] | None = None) -> None:
+    """``check_against`` without gradients and grad norms (bfloat16 vs float64);
+    ``ranks``: those ranks only (see ``replica_representatives``)."""
     layout = case.layout
     param_scale = max((float(t.abs().max()) for t in reference.params.values() if t.numel()), default=0.0) or 1.0
-    for rank, result in enumerate(results):
+    for rank in range(len(results)) if ranks is None else ranks:
+        result = results[rank]
         tp_rank = layout.coords(rank).tp
-        for name, param in result.params.items():
-            _close(param, shard(reference.params[name], name, tp_rank, layout.tp), rtol,
-                   atol_fraction * param_scale, f"{what}: rank {rank} param {name}")
-        for metric in METRIC_NAMES:
-            _close(torch.tensor(result.metrics[metric]), torch.tensor(reference.metrics[metric]), rtol,
-                   atol_fraction, f"{what}: rank {rank} metric {metric}")
+        refs = {name: shard(reference.params[name], name, tp_rank, layout.tp) for name in result.params}
+        _close_all(result.params, refs, rtol, atol_fraction * param_scale, f"{what}: rank {rank} param")
+        metrics = torch.tensor([result.metrics[metric] for metric in METRIC_NAMES])
+        expected = torch.tensor([reference.metrics[metric] for metric in METRIC_NAMES])
+        if not _within(metrics, expected, rtol, atol_fraction):
+            for metric in METRIC_NAMES:  # the first one out of tolerance raises
+                _close(torch.tensor(result.metrics[metric]), torch.tensor(reference.metrics[metric]), rtol,
+                       atol_fraction, f"{what}: rank {rank} metric {metric}")
 
 
 # -------------------------------------------------------------- fault + retry

@@ -34,6 +34,7 @@ from draft_runs import (  # noqa: E402
     fault_then_retry,
     gradients_judged_against_reference,
     rank_batch,
+    replica_representatives,
     run_bad_input,
     run_valid,
     steer,
@@ -64,18 +65,21 @@ def test_layout_invariance(case: DraftCase) -> None:
     reference = reference_of(case.config(), case.global_batch())
     rtol, atol = tolerance(case, "vs_reference")
     gradients = gradients_judged_against_reference(case)
+    # DP replicas agree bitwise (checked above): comparing one of each checks them all.
+    ranks = replica_representatives(case)
     steer(
         worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True,
-                    gradients=gradients),
+                    gradients=gradients, ranks=ranks),
         label="layout invariance: worst error / tolerance vs float64",
     )
     what = f"{case.mode} vs float64 reference"
     if gradients:
         check_against(case.layout, results, lambda rank: reference, rtol=rtol, atol_fraction=atol,
-                      what=what, tp_sharded_expected=True)
+                      what=what, tp_sharded_expected=True, ranks=ranks)
     else:
-        check_params_and_metrics(case, results, reference, rtol=rtol, atol_fraction=atol, what=what)
-    steer(check_updates(case, results, reference), label="layout invariance: worst update error / tolerance (float32)")
+        check_params_and_metrics(case, results, reference, rtol=rtol, atol_fraction=atol, what=what, ranks=ranks)
+    steer(check_updates(case, results, reference, ranks=ranks),
+          label="layout invariance: worst update error / tolerance (float32)")
 
 
 @relaxed
@@ -92,13 +96,16 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
         check_ranks_agree(case.layout, per_rank, mode)
         assert not per_rank[0].skipped, f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
     rtol, atol = tolerance(case, "split_vs_monolithic")
+    # The replicas of either mode agree bitwise (checked above): comparing one of each checks them all.
+    ranks = replica_representatives(case)
     steer(
-        worst_ratio(case, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol, tp_sharded_expected=False),
+        worst_ratio(case, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol, tp_sharded_expected=False,
+                    ranks=ranks),
         label="split vs monolithic: worst error / tolerance",
     )
     check_against(
         case.layout, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol,
-        what="split vs monolithic", tp_sharded_expected=False,
+        what="split vs monolithic", tp_sharded_expected=False, ranks=ranks,
     )
 
 

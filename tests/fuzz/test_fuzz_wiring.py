@@ -103,3 +103,63 @@ def test_each_mutant_changes_draft_loss_and_its_undo_restores_it(name: str) -> N
 def test_at_least_twelve_mutants_beyond_the_four_of_test_mutants() -> None:
     assert len(mutants.MUTANTS) >= 12
     assert all(fn.__doc__ for fn in mutants.MUTANTS.values()), "each mutant says what bug it models"
+
+
+# The checks compare each rank's tensors of a kind as one flat vector and
+# judge DP replicas through one representative (draft_runs); these make sure
+# neither lets a wrong element through or names the wrong place.
+
+
+@pytest.fixture(scope="module")
+def tiny_results():
+    from cotrain_harness import reference_of
+    from draft_runs import run_valid
+
+    case = _tiny_case(dp=2, pp=1)
+    return case, run_valid(case, ("split",))["split"], reference_of(case.config(), case.global_batch())
+
+
+def _with(results, rank: int, kind: str, name: str, index: int, value: float):
+    import copy
+
+    out = copy.deepcopy(results)
+    getattr(out[rank], kind)[name].reshape(-1)[index] = value
+    return out
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1.0e3])
+@pytest.mark.parametrize("kind", ["grads", "params"])
+def test_the_reference_comparison_names_the_one_wrong_element(tiny_results, kind: str, value: float) -> None:
+    from cotrain_harness import check_against
+    from draft_runs import check_params_and_metrics, worst_ratio
+
+    case, results, reference = tiny_results
+    options = dict(rtol=1e-4, atol_fraction=1e-5, tp_sharded_expected=True)
+    assert worst_ratio(case, results, lambda rank: reference, **options) <= 1.0
+    check_against(case.layout, results, lambda rank: reference, what="ref", **options)
+    names = list(getattr(results[1], kind))
+    name = names[len(names) // 2]
+    index = getattr(results[1], kind)[name].numel() - 1  # the last element of a tensor in the middle
+    wrong = _with(results, 1, kind, name, index, value)
+    assert worst_ratio(case, wrong, lambda rank: reference, **options) > 1.0
+    with pytest.raises(AssertionError, match=f"rank 1 {kind[:-1]} {name}:"):
+        check_against(case.layout, wrong, lambda rank: reference, what="ref", **options)
+    if kind == "params":
+        with pytest.raises(AssertionError, match=f"rank 1 param {name}:"):
+            check_params_and_metrics(case, wrong, reference, rtol=1e-4, atol_fraction=1e-5, what="ref")
+
+
+def test_a_replica_that_differs_is_caught_before_its_representative_stands_for_it(tiny_results) -> None:
+    from draft_runs import check_replicas_agree, check_updates, replica_representatives
+
+    case, results, reference = tiny_results
+    representatives = replica_representatives(case)
+    assert representatives == [0, 1]  # tp=2, dp=2: DP rank 1 (global ranks 2, 3) is judged through DP rank 0
+    name = next(iter(results[3].params))
+    wrong = _with(results, 3, "params", name, 0, float(results[3].params[name].reshape(-1)[0]) + 1e-3)
+    check_replicas_agree(case, results, "split")
+    with pytest.raises(AssertionError, match=f"rank 3's param {name} differs from rank 1's"):
+        check_replicas_agree(case, wrong, "split")
+    assert check_updates(case, results, reference, ranks=representatives) <= 1.0
+    with pytest.raises(AssertionError, match=f"rank 3 applied update of {name}"):
+        check_updates(case, wrong, reference)
