@@ -158,7 +158,9 @@ def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
 
 def test_a_failure_still_shrinking_when_time_is_up_is_reported_unshrunk(tmp_path):
     target = "tests/fuzz_targets/slow_shrink.py"
-    proc, report = fuzz(tmp_path, "--budget", "1", "--grace", "4", "--seed", "2", "--database", "none",
+    # The grace period must outlast a worker's start-up on a loaded machine
+    # (else it is killed before its first case), yet stop the long shrink.
+    proc, report = fuzz(tmp_path, "--budget", "1", "--grace", "10", "--seed", "2", "--database", "none",
                         "--corpus", str(tmp_path / "corpus"), target)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     [failure] = report["failures"]
