@@ -39,6 +39,7 @@ from .rank_state import RankStates
 from .reduction import ReductionModel, make_model
 from .store import RankStore
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
+from .spawn import TreeStart
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -340,15 +341,13 @@ def run(
     c10d_state.install()
     timed_out: str | None = None
     try:
-        threads = [
-            threading.Thread(target=rank_main, args=(r,), name=f"simdist-rank-{r}", daemon=True)
-            for r in range(n)
-        ]
+        starter = TreeStart(n, rank_main, lambda r: f"simdist-rank-{r}")
+        threads = starter.threads
         for t, done in zip(threads, exited):
             t.simdist_exited = done  # type: ignore[attr-defined]
-        for t in threads:
-            t.start()
         try:
+            starter.start()
+            world.scheduler.begin()
             timed_out = _join_all(threads, world, float(timeout))
         except BaseException:
             # Ctrl-C (or any error) in the caller: take the ranks down before
@@ -475,7 +474,9 @@ def _alive(t: threading.Thread) -> bool:
 
 def _join(t: threading.Thread, timeout: float) -> None:
     done = getattr(t, "simdist_exited", None)
-    if done is None or not t.ident:
+    if t.ident is None:
+        return  # never started (the OS refused a thread): nothing to join
+    if done is None:
         t.join(timeout)
     elif done.wait(timeout):
         t.join(1.0)  # it has left simdist; let the thread itself end
