@@ -104,20 +104,21 @@ class Layout:
         """
         if axis == "world":
             return [list(range(self.world_size))]  # type: ignore[arg-type]
-        if axis in AXES:
-            varying: tuple[str, ...] = (axis,)
-        elif axis in COMPOSITE_AXES:
-            varying = COMPOSITE_AXES[axis]
-        else:
+        if axis not in AXES and axis not in COMPOSITE_AXES:
             raise ValueError(
                 f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}"
             )
-        groups: dict[tuple[int, ...], list[int]] = {}
+        # Each group once, from its lowest rank: O(world) in all (every rank of
+        # a Megatron-style program may list every group).
+        groups: list[list[int]] = []
+        placed = bytearray(self.world_size)  # type: ignore[arg-type]
         for rank in range(self.world_size):  # type: ignore[arg-type]
-            c = self.coords(rank)._asdict()
-            key = tuple(c[a] for a in AXES if a not in varying)
-            groups.setdefault(key, []).append(rank)
-        return sorted(groups.values(), key=lambda ranks: ranks[0])
+            if not placed[rank]:
+                ranks = self.group_of(axis, rank)
+                for r in ranks:
+                    placed[r] = 1
+                groups.append(ranks)
+        return groups
 
     def group_of(self, axis: str, rank: int) -> list[int]:
         """The ranks of the ``axis`` group that contains ``rank``, sorted.

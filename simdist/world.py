@@ -73,6 +73,9 @@ class World:
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
         self._groups_lock = threading.Lock()
+        # The world group's global -> group rank map, the identity: one for
+        # every rank instead of a copy each (O(world) memory per rank).
+        self.world_rank_map = {r: r for r in range(world_size)}
 
     def describe_rank(self, rank: int) -> str:
         if self.layout is None:
@@ -323,6 +326,7 @@ def run(
                     BACKEND_NAME, rank=rank, world_size=n, store=world.store,
                     timeout=timedelta(seconds=timeout),
                 )
+                _share_world_rank_map(world)
                 ctx = RankContext(
                     rank=rank, world_size=n, layout=layout, device=devices[rank],
                     groups=build_groups(layout), attempt=attempt, seed=seed,
@@ -376,6 +380,17 @@ def run(
     if trace_error is not None:
         raise trace_error
     return results
+
+
+def _share_world_rank_map(world: World) -> None:
+    """Replace this rank's copy of c10d's world rank map (``{i: i}``, built by
+    ``init_process_group``) by the world's shared one: 4096 ranks would keep
+    4096 copies of a 4096-entry dict (250 KiB each). c10d only reads it."""
+    c10d = dist.distributed_c10d
+    default = c10d._world.default_pg
+    ranks = c10d._world.pg_group_ranks
+    if default in ranks and len(ranks[default]) == world.world_size:
+        ranks[default] = world.world_rank_map
 
 
 def _rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int,
