@@ -176,3 +176,34 @@ def test_the_world_rank_map_is_the_identity_on_every_rank() -> None:
 
     for got in simdist.run(body, world_size=5, timeout=TIMEOUT):
         assert got == (list(range(5)), list(range(5)))
+
+
+def gauss_body(ctx: simdist.RankContext) -> list[float]:
+    """Draws that leave a cached Gaussian behind (random.gauss, numpy's legacy
+    normal), interleaved with switches to ranks that draw too."""
+    import random
+
+    random.seed(100 + ctx.rank)
+    np.random.seed(200 + ctx.rank)
+    torch.manual_seed(300 + ctx.rank)
+    out = []
+    for _ in range(3):
+        out += [random.gauss(0, 1), float(np.random.normal()), float(torch.randn(1))]
+        dist.barrier()
+    return out
+
+
+def test_cached_gaussians_survive_state_swaps() -> None:
+    import random
+
+    def alone(rank: int) -> list[float]:  # what a process of its own draws
+        py, npr, gen = random.Random(100 + rank), np.random.RandomState(200 + rank), torch.Generator()
+        gen.manual_seed(300 + rank)
+        out = []
+        for _ in range(3):
+            out += [py.gauss(0, 1), float(npr.normal()), float(torch.randn(1, generator=gen))]
+        return out
+
+    for schedule, seed in (("rank", 0), ("random", 4)):
+        results = simdist.run(gauss_body, world_size=4, schedule=schedule, schedule_seed=seed)
+        assert results == [alone(r) for r in range(4)]
