@@ -207,3 +207,34 @@ def test_cached_gaussians_survive_state_swaps() -> None:
     for schedule, seed in (("rank", 0), ("random", 4)):
         results = simdist.run(gauss_body, world_size=4, schedule=schedule, schedule_seed=seed)
         assert results == [alone(r) for r in range(4)]
+
+
+def store_barrier_body(ctx: simdist.RankContext) -> int:
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import _get_default_store, _store_based_barrier
+
+    store = _get_default_store()
+    _store_based_barrier(ctx.rank, store, "scale-test", ctx.world_size, timedelta(seconds=60))
+    return store.add("store_based_barrier_key:scale-test", 0)
+
+
+def test_a_store_based_barrier_of_many_ranks_completes() -> None:
+    assert simdist.run(store_barrier_body, world_size=64, timeout=TIMEOUT) == [64] * 64
+
+
+def store_keys_body(ctx: simdist.RankContext) -> list[bytes] | None:
+    store = dist.distributed_c10d._get_default_store()
+    if ctx.rank == 0:  # waits for both keys present at once
+        return store.multi_get(["a", "b"])
+    if ctx.rank == 1:
+        store.set("a", "a1")  # "b" is still missing: rank 0 must keep waiting
+        dist.recv(torch.zeros(1), src=2)  # gives up the token (rank 0 first, if it were runnable)
+        store.set("b", "b1")
+    if ctx.rank == 2:
+        dist.send(torch.zeros(1), dst=1)
+    return None
+
+
+def test_a_store_wait_on_several_keys_needs_all_of_them_at_once() -> None:
+    assert simdist.run(store_keys_body, world_size=3, timeout=TIMEOUT)[0] == [b"a1", b"b1"]
