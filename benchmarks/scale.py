@@ -133,28 +133,30 @@ def child_group_size(small: int, large: int, iters: int, repeats: int) -> dict[s
             "ratios": [b / a for a, b in zip(samples[small], samples[large])]}
 
 
-def new_group_body(ctx: Any, groups: list[list[int]]) -> float:
+def new_group_body(ctx: Any, groups: list[list[int]], timed: int) -> float | None:
     """Every rank creates every group in ``groups`` (c10d's default, not local
-    synchronisation); returns this rank's seconds per call over the second
-    half (the first calls warm up c10d's code paths)."""
+    synchronisation: each rank calls new_group for every group, in the same
+    order); then the last rank, a member of none of them, creates ``timed``
+    more alone (no rank depends on those) and returns its seconds per call."""
     import torch.distributed as dist
 
-    half = len(groups) // 2
-    for ranks in groups[:half]:
+    for ranks in groups:
         dist.new_group(ranks)
+    if ctx.rank != ctx.world_size - 1:
+        return None
     start = time.perf_counter()
-    for ranks in groups[half:]:
-        dist.new_group(ranks)
-    return (time.perf_counter() - start) / (len(groups) - half)
+    for i in range(timed):
+        dist.new_group(groups[i % len(groups)])
+    return (time.perf_counter() - start) / timed
 
 
-def child_new_group(world: int, count: int) -> dict[str, Any]:
+def child_new_group(world: int, count: int, timed: int) -> dict[str, Any]:
     import simdist
 
     # Groups among ranks 0..5 only: the last rank is a member of none of them.
     pairs = [[a, b] for a in range(6) for b in range(a + 1, 6)]
     groups = [pairs[i % len(pairs)] for i in range(count)]
-    results = simdist.run(new_group_body, world_size=world, args=(groups,), timeout=900)
+    results = simdist.run(new_group_body, world_size=world, args=(groups, timed), timeout=900)
     return {"per_call_non_member": results[-1]}
 
 
@@ -430,7 +432,7 @@ def main() -> None:
     for world in (8, 1024):
         row = [str(world)]
         for name, root in roots.items():
-            row.append(value(measure(root, "new_group", world, 400, timeout=limit[name]),
+            row.append(value(measure(root, "new_group", world, 200, 5000, timeout=limit[name]),
                              "per_call_non_member"))
         rows.append(row)
     table(["world"] + list(roots), rows)
