@@ -104,6 +104,31 @@ class Layout:
         """
         if axis == "world":
             return [list(range(self.world_size))]  # type: ignore[arg-type]
+        if axis not in AXES and axis not in COMPOSITE_AXES:
+            raise ValueError(
+                f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}"
+            )
+        # Each group once, from its lowest rank: O(world) in all (every rank of
+        # a Megatron-style program may list every group).
+        groups: list[list[int]] = []
+        placed = bytearray(self.world_size)  # type: ignore[arg-type]
+        for rank in range(self.world_size):  # type: ignore[arg-type]
+            if not placed[rank]:
+                ranks = self.group_of(axis, rank)
+                for r in ranks:
+                    placed[r] = 1
+                groups.append(ranks)
+        return groups
+
+    def group_of(self, axis: str, rank: int) -> list[int]:
+        """The ranks of the ``axis`` group that contains ``rank``, sorted.
+
+        Computed from ``rank``'s coordinates in O(group size), not by listing
+        every group: each rank of a 4096-rank world calls this for each axis.
+        """
+        self._check_rank(rank)
+        if axis == "world":
+            return list(range(self.world_size))  # type: ignore[arg-type]
         if axis in AXES:
             varying: tuple[str, ...] = (axis,)
         elif axis in COMPOSITE_AXES:
@@ -112,20 +137,17 @@ class Layout:
             raise ValueError(
                 f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}"
             )
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for rank in range(self.world_size):  # type: ignore[arg-type]
-            c = self.coords(rank)._asdict()
-            key = tuple(c[a] for a in AXES if a not in varying)
-            groups.setdefault(key, []).append(rank)
-        return sorted(groups.values(), key=lambda ranks: ranks[0])
-
-    def group_of(self, axis: str, rank: int) -> list[int]:
-        """The ranks of the ``axis`` group that contains ``rank``."""
-        self._check_rank(rank)
-        for ranks in self.group_ranks(axis):
-            if rank in ranks:
-                return ranks
-        raise AssertionError("unreachable: every rank is in one group per axis")
+        # Rank = sum of coordinate * stride (Megatron order); members differ
+        # from ``rank`` only in the varying axes' terms.
+        coords = self.coords(rank)._asdict()
+        stride, strides = 1, {}
+        for a in AXES:
+            strides[a] = stride
+            stride *= getattr(self, a)
+        ranks = [rank - sum(coords[a] * strides[a] for a in varying)]
+        for a in varying:
+            ranks = [r + i * strides[a] for r in ranks for i in range(getattr(self, a))]
+        return sorted(ranks)
 
     def _check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:  # type: ignore[operator]

@@ -230,40 +230,44 @@ class RankStates:
         self._ranks: list[list[Any] | None] = [None] * world_size
         self._loaded: int | None = None  # whose values the process holds now
         self._held = list(self._caller)  # the values the process holds now
-        self._marks = [self._mark(i, v) for i, v in enumerate(self._caller)]
+        # The fingerprint of the process state when each held value was read
+        # or loaded (None: cannot vouch, read it at the next switch).
+        self._marks = [self._mark(i, v, self._slots[i].fingerprint())
+                       for i, v in enumerate(self._caller)]
         self.switches = 0
 
-    def _mark(self, i: int, value: Any) -> Any:
-        slot = self._slots[i]
-        if slot.name == "numpy.random" and _numpy_has_gauss(value):
+    def _mark(self, i: int, value: Any, fingerprint: Any) -> Any:
+        if fingerprint is not None and self._slots[i].name == "numpy.random" and _numpy_has_gauss(value):
             return None
-        return slot.fingerprint()
+        return fingerprint
 
     def switch_to(self, rank: int) -> None:
         """Make the process state ``rank``'s (called by ``rank`` on taking the token)."""
         with self._lock:
             if self._loaded == rank:
                 return
+            held, marks = self._held, self._marks
             # Nobody ran since the owner gave up the token: the process still
-            # holds the owner's values; read only what it changed.
-            stale = []
+            # holds the owner's values; read only what it changed (each
+            # fingerprint is read once).
             for i, slot in enumerate(self._slots):
-                mark = self._marks[i]
-                if mark is None or slot.fingerprint() != mark:
-                    self._held[i] = slot.get()
-                    stale.append(i)
+                mark = marks[i]
+                fingerprint = slot.fingerprint()
+                if mark is None or fingerprint != mark:
+                    held[i] = value = slot.get()
+                    marks[i] = self._mark(i, value, fingerprint)
             if self._loaded is not None:
-                self._ranks[self._loaded] = list(self._held)
+                self._ranks[self._loaded] = list(held)
             values = self._ranks[rank]
             if values is None:
                 values = [s.copy(v) for s, v in zip(self._slots, self._caller)]
             for i, (slot, value) in enumerate(zip(self._slots, values)):
-                if value is not self._held[i]:
+                if value is not held[i]:
                     slot.set(value)
-                    self._held[i] = value
-                    self._marks[i] = self._mark(i, value)
-                elif stale and i in stale:  # read, not written: mark what the process holds
-                    self._marks[i] = self._mark(i, value)
+                    held[i] = value
+                    # Read after writing: a module slot's fingerprint is the
+                    # ids of the objects now bound, which a copy changes.
+                    marks[i] = self._mark(i, value, slot.fingerprint())
             self._loaded = rank
             self.switches += 1
 

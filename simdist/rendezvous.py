@@ -28,8 +28,11 @@ from .policy import Policy
 from .waitfor import cannot_complete, deadlock_headline, on_cycle, reachable
 
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
-# explicit; this only bounds a lost wake-up.
+# explicit; this only bounds a lost wake-up. Large worlds poll less often, so
+# that the parked ranks together wake at most _MAX_POLLS_PER_S times a second:
+# 4096 ranks polling every 0.5 s would spend most of the run waking up.
 _POLL_S = 0.5
+_MAX_POLLS_PER_S = 200.0
 # A rank that waits on ranks that are themselves waiting looks for a closed set
 # after this long, not at once: most such waits end sooner (the peer's own
 # collective completes), and the graph walk would cost more than the handoff.
@@ -212,15 +215,20 @@ class Scheduler:
         on_resume: Callable[[int], None] = lambda rank: None,
     ) -> None:
         self.world_size = world_size
+        self._poll_s = max(_POLL_S, world_size / _MAX_POLLS_PER_S)
         # The run token : with a policy, only
         # the holder executes; None runs every rank at once.
         self._policy = policy
         self._on_resume = on_resume
         self._holder: int | None = None
+        # The first holder, given the token by ``begin``: a rank that ran while
+        # the caller still starts threads would make every later start wait
+        # for the GIL (a switch interval, 5 ms, per thread).
+        self._first: int | None = None
         if policy is not None:
             for r in range(world_size):
                 policy.push(r)
-            self._holder = policy.pick(lambda r: True)
+            self._first = policy.pick(lambda r: True)
         self.switches = 0
         self._describe_rank = describe_rank
         self._on_done = on_done
@@ -230,6 +238,14 @@ class Scheduler:
         self._gone: set[int] = set()  # ranks that finished or failed
         self._ready: deque[int] = deque()  # runnable ranks whose wake-up is deferred
         self._pending: dict[tuple[str, int], PendingCollective] = {}
+        # Indexes for the deadlock check when a rank leaves, so it looks only
+        # at calls that may need that rank (not at every waiting rank, which
+        # would make a 4096-rank run quadratic): the incomplete collectives of
+        # each group by sequence number, each rank's groups (with its index
+        # in them), and the P2P channels that wait on each rank.
+        self._open: dict[str, dict[int, PendingCollective]] = {}
+        self._groups_of: dict[int, list[tuple[GroupInfo, int]]] = {}
+        self._p2p_on: dict[int, set[tuple[str, int, int, int]]] = {}
         # P2P channels: (group name, src, dst, tag) -> unmatched sends / recvs.
         self._sends: dict[tuple[str, int, int, int], deque[P2POp]] = {}
         self._recvs: dict[tuple[str, int, int, int], deque[P2POp]] = {}
@@ -267,6 +283,13 @@ class Scheduler:
             return {r for r, s in enumerate(self._slots)
                     if s.state is RankState.RUNNING and r != self._holder}
 
+    def begin(self) -> None:
+        """Every rank thread has started: hand the run token to the first rank."""
+        with self._lock:
+            if self._first is not None and self._holder is None and self._abort is None:
+                self._holder, self._first = self._first, None
+                self._slots[self._holder].parker.unpark()
+
     def acquire(self, rank: int) -> None:
         """Block a starting rank until it holds the run token."""
         if self._policy is None:
@@ -276,7 +299,7 @@ class Scheduler:
             with self._lock:
                 if self._holder == rank or self._abort is not None:
                     break
-            slot.parker.park(_POLL_S)
+            slot.parker.park(self._poll_s)
         self._on_resume(rank)
 
     def rank_finished(self, rank: int) -> None:
@@ -354,9 +377,9 @@ class Scheduler:
         slot.interrupt = None
         if self._policy is None:
             self._pass_baton_locked()
-            self._settle_locked(None)
+            self._settle_locked(None, left=rank)
         elif self._abort is None:
-            self._settle_locked(None)
+            self._settle_locked(None, left=rank)
             self._nothing_runnable_locked()
             if self._holder == rank:
                 self._hand_token_locked()
@@ -381,6 +404,12 @@ class Scheduler:
             if pending is None:
                 pending = PendingCollective(group, seq)
                 self._pending[key] = pending
+                open_ = self._open.get(group.name)
+                if open_ is None:  # the group's first call: index its members once
+                    open_ = self._open[group.name] = {}
+                    for i, member in enumerate(group.ranks):
+                        self._groups_of.setdefault(member, []).append((group, i))
+                open_[seq] = pending
             if call.group_rank in pending.calls:
                 raise SimulationError(
                     f"internal: rank {call.rank} joined {pending.describe()} twice"
@@ -391,6 +420,7 @@ class Scheduler:
                 return pending
             pending.completing = True
             del self._pending[key]
+            del self._open[group.name][seq]
         calls = [pending.calls[i] for i in range(len(group.ranks))]
         error: BaseException | None = None
         try:
@@ -426,6 +456,7 @@ class Scheduler:
             queue = theirs.get(key)
             if not queue:
                 mine.setdefault(key, deque()).append(op)
+                self._p2p_on.setdefault(op.dst if op.kind == "send" else op.src, set()).add(key)
                 return
             other = queue.popleft()
             send, recv = (op, other) if op.kind == "send" else (other, op)
@@ -453,6 +484,7 @@ class Scheduler:
             self._aborted_groups.setdefault(name, error)
             for key in [k for k in self._pending if k[0] == name]:
                 pending = self._pending.pop(key)
+                self._open[name].pop(key[1], None)
                 pending.error, pending.done = error, True
                 self._on_done(pending)
                 for r in pending.group.ranks:
@@ -517,7 +549,7 @@ class Scheduler:
                         self._hand_token_locked()
                     else:
                         self._pass_baton_locked()
-            slot.parker.park(_SETTLE_AFTER_S if settle_pending else _POLL_S)
+            slot.parker.park(_SETTLE_AFTER_S if settle_pending else self._poll_s)
 
     def _wake_locked(self, rank: int, waitable: Waitable, now: bool = True) -> None:
         """Make ``rank`` runnable. With ``now=False`` the OS wake-up is deferred
@@ -529,7 +561,7 @@ class Scheduler:
             self._running += 1
             if self._policy is not None:
                 self._policy.push(rank)
-                if self._holder is None:  # cannot happen while a rank runs; never lose the token
+                if self._holder is None and self._first is None:  # never lose the token
                     self._hand_token_locked()
             elif now:
                 slot.parker.unpark()
@@ -592,11 +624,13 @@ class Scheduler:
 
     # -- deadlock detection -----------------------------------------------
 
-    def _settle_locked(self, trigger: int | None, defer: bool = False) -> bool:
+    def _settle_locked(self, trigger: int | None, defer: bool = False,
+                       left: int | None = None) -> bool:
         """Find the waiting ranks that can never complete; interrupt each.
 
         ``trigger`` is a rank that has just started waiting (only a closed set
-        containing it can be new), or None after a rank left. With ``defer``,
+        containing it can be new), or None after rank ``left`` left (only ranks
+        that need it, directly or not, can be newly stuck). With ``defer``,
         a walk of the graph is not done now: returns True when it is needed
         (the caller runs it again shortly, if ``trigger`` still waits).
         """
@@ -614,6 +648,13 @@ class Scheduler:
             graph = self._waiting_graph_from(trigger)
         elif self.world_size - self._running - len(self._gone) == 0:
             return False  # nobody waits
+        elif left is not None:
+            graph = {}
+            for r in self._waiting_on_closure_locked(left):
+                if r not in graph:
+                    graph.update(self._waiting_graph_from(r))
+            if not graph:
+                return False
         else:
             graph = {
                 r: list(s.waiting_on.needed_ranks())  # type: ignore[union-attr]
@@ -653,6 +694,40 @@ class Scheduler:
             released.simdist_origin = root  # type: ignore[attr-defined]
             self._interrupt_locked(r, released)
         return False
+
+    def _waiters_on_locked(self, rank: int) -> list[int]:
+        """The waiting ranks whose call needs ``rank`` (found through the
+        indexes: the open collectives of its groups it has not joined, the
+        P2P operations whose peer it is)."""
+        slots = self._slots
+        out: list[int] = []
+        for group, index in self._groups_of.get(rank, ()):
+            for pending in self._open.get(group.name, {}).values():
+                if index in pending.calls or pending.completing or pending.done:
+                    continue
+                for call in pending.calls.values():
+                    s = slots[call.rank]
+                    if s.state is RankState.WAITING and s.waiting_on is pending:
+                        out.append(call.rank)
+        for key in self._p2p_on.get(rank, ()):
+            for table, kind in ((self._sends, "send"), (self._recvs, "recv")):
+                for op in table.get(key, ()):
+                    if rank in op.needed_ranks():
+                        owner = op.src if kind == "send" else op.dst
+                        if slots[owner].state is RankState.WAITING and slots[owner].waiting_on is op:
+                            out.append(owner)
+        return out
+
+    def _waiting_on_closure_locked(self, rank: int) -> set[int]:
+        """The waiting ranks that need ``rank``, directly or through other waiting ranks."""
+        seen: set[int] = set()
+        todo = [rank]
+        while todo:
+            for w in self._waiters_on_locked(todo.pop()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
 
     def _waiting_graph_from(self, start: int) -> dict[int, list[int]]:
         """The waiting ranks reachable from ``start`` through needed ranks."""

@@ -49,7 +49,10 @@ class RankStore(dist.Store):
         super().__init__()
         self._scheduler = scheduler
         self._data: dict[str, bytes] = {}
-        self._waits: list[tuple[int, _KeysSet]] = []
+        # Rank waits by the first key they still miss: a write looks only at
+        # the waits on its key (a store-based barrier of n ranks would
+        # otherwise scan every waiting rank on each of its n writes).
+        self._waits: dict[str, list[tuple[int, _KeysSet]]] = {}
         # Threads outside the world's ranks (the caller, helpers) wait on this.
         self._changed = threading.Condition()
         self._timeout_s = 300.0
@@ -62,7 +65,7 @@ class RankStore(dist.Store):
     def set(self, key: str, value: Any) -> None:
         with self._changed:
             self._data[key] = _as_bytes(value)
-            self._notify_locked()
+            self._notify_locked(key)
 
     def get(self, key: str) -> bytes:
         self.wait([key])
@@ -73,7 +76,7 @@ class RankStore(dist.Store):
         with self._changed:
             value = int(self._data.get(key, b"0")) + int(amount)
             self._data[key] = str(value).encode()
-            self._notify_locked()
+            self._notify_locked(key)
             return value
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
@@ -82,14 +85,14 @@ class RankStore(dist.Store):
             expected_b = _as_bytes(expected)
             if (current is None and expected_b == b"") or current == expected_b:
                 self._data[key] = _as_bytes(desired)
-                self._notify_locked()
+                self._notify_locked(key)
                 return self._data[key]
             return expected_b if current is None else current
 
     def append(self, key: str, value: Any) -> None:
         with self._changed:
             self._data[key] = self._data.get(key, b"") + _as_bytes(value)
-            self._notify_locked()
+            self._notify_locked(key)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         self.wait(keys)
@@ -100,7 +103,7 @@ class RankStore(dist.Store):
         with self._changed:
             for k, v in zip(keys, values):
                 self._data[k] = _as_bytes(v)
-            self._notify_locked()
+            self._notify_locked(*keys)
 
     def check(self, keys: list[str]) -> bool:
         with self._changed:
@@ -123,7 +126,7 @@ class RankStore(dist.Store):
                 self._wait_outside(keys)
                 return
             pending = _KeysSet(keys)
-            self._waits.append((rank, pending))
+            self._park_locked(rank, pending)
         self._scheduler.wait(rank, pending)
 
     # -- internals ---------------------------------------------------------
@@ -139,10 +142,18 @@ class RankStore(dist.Store):
             raise dist.DistStoreError(f"simdist store: timed out after {self._timeout_s:g} s "
                                       f"waiting for key(s) {keys}")
 
-    def _notify_locked(self) -> None:
+    def _park_locked(self, rank: int, pending: _KeysSet) -> bool:
+        """File ``pending`` under its first missing key; False when none is missing."""
+        for k in pending.keys:
+            if k not in self._data:
+                self._waits.setdefault(k, []).append((rank, pending))
+                return True
+        return False
+
+    def _notify_locked(self, *keys: str) -> None:
         self._changed.notify_all()
-        ready = [(r, w) for r, w in self._waits if all(k in self._data for k in w.keys)]
-        if ready:
-            self._waits = [(r, w) for r, w in self._waits if not any(w is x for _, x in ready)]
-            for rank, waitable in ready:
-                self._scheduler.complete(rank, waitable)
+        for key in keys:
+            waits = self._waits.pop(key, None)
+            for rank, waitable in waits or ():
+                if not self._park_locked(rank, waitable):
+                    self._scheduler.complete(rank, waitable)

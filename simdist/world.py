@@ -39,6 +39,7 @@ from .rank_state import RankStates
 from .reduction import ReductionModel, make_model
 from .store import RankStore
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
+from .spawn import TreeStart
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -72,6 +73,9 @@ class World:
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
         self._groups_lock = threading.Lock()
+        # The world group's global -> group rank map, the identity: one for
+        # every rank instead of a copy each (O(world) memory per rank).
+        self.world_rank_map = {r: r for r in range(world_size)}
 
     def describe_rank(self, rank: int) -> str:
         if self.layout is None:
@@ -322,6 +326,7 @@ def run(
                     BACKEND_NAME, rank=rank, world_size=n, store=world.store,
                     timeout=timedelta(seconds=timeout),
                 )
+                _share_world_rank_map(world)
                 ctx = RankContext(
                     rank=rank, world_size=n, layout=layout, device=devices[rank],
                     groups=build_groups(layout), attempt=attempt, seed=seed,
@@ -340,15 +345,13 @@ def run(
     c10d_state.install()
     timed_out: str | None = None
     try:
-        threads = [
-            threading.Thread(target=rank_main, args=(r,), name=f"simdist-rank-{r}", daemon=True)
-            for r in range(n)
-        ]
+        starter = TreeStart(n, rank_main, lambda r: f"simdist-rank-{r}")
+        threads = starter.threads
         for t, done in zip(threads, exited):
             t.simdist_exited = done  # type: ignore[attr-defined]
-        for t in threads:
-            t.start()
         try:
+            starter.start()
+            world.scheduler.begin()
             timed_out = _join_all(threads, world, float(timeout))
         except BaseException:
             # Ctrl-C (or any error) in the caller: take the ranks down before
@@ -377,6 +380,17 @@ def run(
     if trace_error is not None:
         raise trace_error
     return results
+
+
+def _share_world_rank_map(world: World) -> None:
+    """Replace this rank's copy of c10d's world rank map (``{i: i}``, built by
+    ``init_process_group``) by the world's shared one: 4096 ranks would keep
+    4096 copies of a 4096-entry dict (250 KiB each). c10d only reads it."""
+    c10d = dist.distributed_c10d
+    default = c10d._world.default_pg
+    ranks = c10d._world.pg_group_ranks
+    if default in ranks and len(ranks[default]) == world.world_size:
+        ranks[default] = world.world_rank_map
 
 
 def _rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int,
@@ -475,7 +489,9 @@ def _alive(t: threading.Thread) -> bool:
 
 def _join(t: threading.Thread, timeout: float) -> None:
     done = getattr(t, "simdist_exited", None)
-    if done is None or not t.ident:
+    if t.ident is None:
+        return  # never started (the OS refused a thread): nothing to join
+    if done is None:
         t.join(timeout)
     elif done.wait(timeout):
         t.join(1.0)  # it has left simdist; let the thread itself end

@@ -1,0 +1,66 @@
+"""Starting thousands of rank threads quickly: a tree of starters.
+
+``Thread.start`` waits until the new thread has run, so starting threads one
+after another from one thread costs two OS context switches each (about
+0.5-1 ms on a busy 2-core machine: 4 s for 4096 ranks). Here thread ``i``
+starts threads ``FAN_OUT * i + 1 .. FAN_OUT * i + FAN_OUT`` before running
+its own target, so many starts wait for the OS at once (about 4x faster).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+FAN_OUT = 4
+
+
+class StartFailed(RuntimeError):
+    """A thread could not be started (the OS refused: thread or memory limits)."""
+
+
+class TreeStart:
+    """Build ``n`` threads running ``target(i)``; ``start()`` starts them all."""
+
+    def __init__(self, n: int, target: Callable[[int], None], name: Callable[[int], str]) -> None:
+        self._n = n
+        self._target = target
+        self._lock = threading.Lock()
+        self._started = 0
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.threads = [threading.Thread(target=self._run, args=(i,), name=name(i), daemon=True)
+                        for i in range(n)]
+
+    def _start_children(self, i: int) -> None:
+        first = FAN_OUT * i + 1
+        for child in range(first, min(self._n, first + FAN_OUT)):
+            try:
+                self.threads[child].start()
+            except BaseException as exc:  # noqa: BLE001 - handed to start()
+                with self._lock:
+                    if self._error is None:
+                        self._error = exc
+                self._done.set()
+                return
+
+    def _run(self, i: int) -> None:
+        self._start_children(i)
+        with self._lock:
+            self._started += 1
+            if self._started == self._n:
+                self._done.set()
+        self._target(i)
+
+    def start(self) -> None:
+        """Start every thread; return once each has started. If the OS refused
+        one, raise ``StartFailed`` (the threads that did start keep running:
+        the caller must take them down)."""
+        try:
+            self.threads[0].start()
+        except BaseException as exc:
+            raise StartFailed(f"could not start thread {self.threads[0].name}: {exc}") from exc
+        self._done.wait()
+        if self._error is not None:
+            raise StartFailed(f"could not start every thread ({self._started} of {self._n} "
+                              f"started): {self._error}") from self._error
