@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from . import collectives as C
 from . import stacks
+from .c10d_state import scoped_name
 from .errors import CollectiveMismatchError, SimulationError, UnsupportedOperationError
 from .reduction import check_reduce_op
 from .rendezvous import Call, GroupInfo, P2POp, Scheduler, Waitable
@@ -89,8 +90,10 @@ class SimProcessGroup(dist.ProcessGroup):
         self._desc = "undefined"
 
     # c10d stores names in the C++ backend, which a Python group does not have.
+    # The name c10d resolves groups by (functional collectives, DTensor) is
+    # unique to this run and rank; see c10d_state.
     def _set_group_name(self, name: str) -> None:
-        self._name = name
+        self._name = scoped_name(name)
 
     @property
     def group_name(self) -> str:  # type: ignore[override]

@@ -277,6 +277,8 @@ def run(
     ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
     unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
     """
+    # The watchdog's clock starts now: building inputs and starting threads count.
+    called_at = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     layout, n = _resolve_world(layout, world_size)
@@ -299,6 +301,7 @@ def run(
                   schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
                   rank_local=rank_local)
     run_name = _name_run(fn)
+    run_id = c10d_state.new_run_id()
 
     register_backend()
     results: list[Any] = [None] * n
@@ -308,13 +311,20 @@ def run(
     # thread as stopped when a join() on it is interrupted (Ctrl-C), so
     # is_alive() cannot be trusted to find the ranks still to take down.
     exited = [threading.Event() for _ in range(n)]
+    # Bodies start once every rank thread has: a rank that computes from the
+    # start must not slow the start of the others (with 32 busy ranks, starting
+    # threads took many times the watchdog's timeout).
+    go = threading.Event()
 
     def rank_main(rank: int) -> None:
         bind_current(world, rank)
         world.scheduler.bind_thread(rank)
-        c10d_state.enter_rank_thread()
         try:
+            c10d_state.enter_thread(c10d_state.new_rank_state(run_id, rank))
+            go.wait()
             world.scheduler.acquire(rank)
+            if world.scheduler.aborted is not None:  # interrupted before its body began
+                raise world.scheduler.aborted
             # Autograd would run CUDA backward on its device threads, which have
             # no rank; keep backward on the rank's own thread.
             with torch.autograd.set_multithreading_enabled(False):
@@ -346,14 +356,18 @@ def run(
         ]
         for t, done in zip(threads, exited):
             t.simdist_exited = done  # type: ignore[attr-defined]
-        for t in threads:
-            t.start()
         try:
-            timed_out = _join_all(threads, world, float(timeout))
-        except BaseException:
+            for t in threads:
+                t.start()
+            go.set()
+            timed_out = _join_all(threads, world, called_at + float(timeout), float(timeout))
+        except BaseException as exc:
             # Ctrl-C (or any error) in the caller: take the ranks down before
             # the per-thread c10d state is removed from under them.
-            _interrupt(threads, world, SimulationError("run() was interrupted"))
+            go.set()
+            still = _interrupt(threads, world, SimulationError("run() was interrupted"))
+            if still and hasattr(exc, "add_note"):
+                exc.add_note(_stuck_report(still, "run() was interrupted"))
             raise
     finally:
         if world.states is not None:
@@ -416,12 +430,13 @@ def _check_trace_path(trace: str | os.PathLike[str]) -> None:
         raise PermissionError(f"trace={path!r}: its directory is not writable")
 
 
-def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> str | None:
-    """Join every rank thread; on the watchdog's expiry interrupt the stuck ones.
+def _join_all(threads: list[threading.Thread], world: World, deadline: float,
+              timeout: float) -> str | None:
+    """Join every rank thread; at the watchdog's ``deadline`` (``timeout``
+    seconds after ``run`` was called) interrupt the stuck ones.
 
     Returns the watchdog report when it fired, else None.
     """
-    deadline = time.monotonic() + timeout
     for t in threads:
         _join(t, max(0.0, deadline - time.monotonic()))
     alive = [t for t in threads if _alive(t)]
@@ -431,6 +446,11 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     # Scheduled, a rank that never got the run token back did not hang: the
     # rank holding it did (or a rank the holder waits on outside simdist).
     queued = world.scheduler.queued_ranks()
+    # Stop the ranks first, describe them after (from the frames taken at the
+    # deadline): formatting stacks while dozens of busy ranks fight for the
+    # GIL took many times the timeout itself.
+    _signal(alive, world, SimulationTimeout(
+        f"watchdog: the run was still going {timeout:g} s after run() was called"))
     running = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
     lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
     stalled = sorted(r for r in queued if _alive(threads[r]))
@@ -442,18 +462,37 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
         lines.append(f"  rank {rank} ({world.describe_rank(rank)}):")
         lines.extend("      " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
     report = "\n".join(lines)
-    still = _interrupt(alive, world, SimulationTimeout(report))
+    still = _wait_for(alive)
     if still:
-        report += (f"\n  could not interrupt {still} within {_GRACE_S:g} s (blocked in native code, "
-                   f"or catching the interrupt); they are left running as daemon threads")
+        report += "\n" + _stuck_report(still, "the watchdog fired")
     return report
 
 
-def _interrupt(threads: list[threading.Thread], world: World, error: SimulationError) -> list[str]:
+def _stuck_report(still: list[threading.Thread], why: str) -> str:
+    """Name the threads nothing could stop, with where they are stuck."""
+    frames = sys._current_frames()
+    lines = [f"  after {why}, {len(still)} thread(s) could not be interrupted within {_GRACE_S:g} s "
+             f"(blocked in native code such as a lock or Event wait, or catching the interrupt); "
+             f"they are left running as daemon threads. Their groups are closed and "
+             f"their c10d names are their own, so they cannot disturb the caller or "
+             f"a later run, but they keep their memory and CPU until they return:"]
+    for t in still:
+        lines.append(f"    {t.name}:")
+        lines.extend("        " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
+    return "\n".join(lines)
+
+
+def _interrupt(threads: list[threading.Thread], world: World,
+               error: SimulationError) -> list[threading.Thread]:
     """Abort the world, raise ``error``'s type in running ranks, join them.
 
-    Returns the names of threads that did not stop within the grace period.
+    Returns the threads that did not stop within the grace period.
     """
+    _signal(threads, world, error)
+    return _wait_for(threads)
+
+
+def _signal(threads: list[threading.Thread], world: World, error: SimulationError) -> None:
     world.scheduler.abort(error)
     for t in threads:
         # Interrupts Python-level loops; a thread blocked inside C code stays
@@ -462,10 +501,13 @@ def _interrupt(threads: list[threading.Thread], world: World, error: SimulationE
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(t.ident), ctypes.py_object(type(error))
             )
+
+
+def _wait_for(threads: list[threading.Thread]) -> list[threading.Thread]:
     grace = time.monotonic() + _GRACE_S
     for t in threads:
         _join(t, max(0.0, grace - time.monotonic()))
-    return [t.name for t in threads if _alive(t)]
+    return [t for t in threads if _alive(t)]
 
 
 def _alive(t: threading.Thread) -> bool:
@@ -475,7 +517,9 @@ def _alive(t: threading.Thread) -> bool:
 
 def _join(t: threading.Thread, timeout: float) -> None:
     done = getattr(t, "simdist_exited", None)
-    if done is None or not t.ident:
+    if not t.ident:
+        return  # never started (interrupted while starting the ranks)
+    if done is None:
         t.join(timeout)
     elif done.wait(timeout):
         t.join(1.0)  # it has left simdist; let the thread itself end
