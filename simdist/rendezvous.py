@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from .errors import DeadlockError, PeerFailedError, SimulationError
 from . import stacks
 from .policy import Policy
-from .waitfor import cannot_complete, deadlock_headline, on_cycle, reachable
+from .waitfor import cannot_complete_threads, deadlock_headline, on_cycle, reachable
 
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
 # explicit; this only bounds a lost wake-up.
@@ -157,6 +157,41 @@ class _Parker:
             pass  # a permit is already pending
 
 
+class ThreadExit(Waitable):
+    """A wait for threads of the waiter's own rank to end (a join of a helper
+    thread, or a rank's end waiting for its helpers): only that rank's other
+    threads can complete it."""
+
+    def __init__(self, rank: int, what: str) -> None:
+        self.rank = rank
+        self.what = what
+        self.done = False
+        self.error = None
+
+    def needed_ranks(self) -> Sequence[int]:
+        return () if self.done else (self.rank,)
+
+    def describe(self) -> str:
+        return self.what
+
+
+@dataclass(eq=False)
+class HelperSlot:
+    """A thread a rank started (a helper): its own wait, parker and interrupt.
+
+    Helpers do not take the run token: they run alongside whichever rank
+    holds it. A rank is blocked only when its main thread and every live
+    helper wait."""
+
+    name: str
+    daemon: bool
+    thread_id: int | None = None
+    waiting_on: Waitable | None = None
+    parker: _Parker = field(default_factory=_Parker)
+    interrupt: BaseException | None = None
+    joiners: list = field(default_factory=list)  # ThreadExit waits on this thread
+
+
 @dataclass
 class _RankSlot:
     state: RankState = RankState.RUNNING
@@ -171,6 +206,8 @@ class _RankSlot:
     root_failure: int | None = None
     yielded: bool = False  # gave up the run token in its current wait
     failure: str = ""  # "Type: message" of a rank that failed on its own
+    helpers: list = field(default_factory=list)  # live HelperSlots
+    helpers_done: list = field(default_factory=list)  # ThreadExit waits for non-daemon helpers
 
 
 def consequence_origin(exc: BaseException, rank: int) -> int | None:
@@ -249,6 +286,116 @@ class Scheduler:
         # Set once the run is over: any later call on this world raises this.
         self.closed: str | None = None
         self._closed_error: BaseException | None = None
+        self._helper_waits = 0  # helper threads waiting right now
+
+    # -- helper threads -----------------------------------------------------
+
+    def add_helper(self, rank: int, name: str, daemon: bool) -> HelperSlot:
+        """A thread of ``rank`` starts a helper (called before it starts, so
+        the rank never looks blocked in between)."""
+        helper = HelperSlot(name, daemon)
+        with self._lock:
+            self._slots[rank].helpers.append(helper)
+        return helper
+
+    def bind_helper(self, helper: HelperSlot) -> None:
+        helper.thread_id = threading.get_ident()
+
+    def remove_helper(self, rank: int, helper: HelperSlot) -> None:
+        """A helper thread ends: its joiners complete, and its rank may now be blocked."""
+        with self._lock:
+            slot = self._slots[rank]
+            if helper in slot.helpers:
+                slot.helpers.remove(helper)
+            if helper.waiting_on is not None:
+                helper.waiting_on = None
+                self._helper_waits -= 1
+            for waitable in helper.joiners:
+                waitable.done = True
+                self._wake_locked(rank, waitable)
+            if not any(not h.daemon for h in slot.helpers):
+                for waitable in slot.helpers_done:
+                    waitable.done = True
+                    self._wake_locked(rank, waitable)
+                slot.helpers_done = []
+            if self._abort is None:
+                self._settle_locked(None)
+                if self._policy is not None:
+                    self._nothing_runnable_locked()
+
+    def join_waitable(self, rank: int, helper: HelperSlot) -> ThreadExit:
+        """A wait until ``helper`` (a thread of ``rank``) has ended."""
+        waitable = ThreadExit(rank, f"join of helper thread {helper.name!r}")
+        with self._lock:
+            if helper in self._slots[rank].helpers:
+                helper.joiners.append(waitable)
+            else:
+                waitable.done = True
+        return waitable
+
+    def helpers_waitable(self, rank: int) -> ThreadExit | None:
+        """A wait until every non-daemon helper of ``rank`` has ended (as a
+        process waits for its threads at exit), or None when none is left."""
+        with self._lock:
+            slot = self._slots[rank]
+            names = [h.name for h in slot.helpers if not h.daemon]
+            if not names:
+                return None
+            waitable = ThreadExit(rank, f"the end of helper thread(s) {names} after the body returned")
+            slot.helpers_done.append(waitable)
+            return waitable
+
+    def live_helpers(self, rank: int) -> list[HelperSlot]:
+        with self._lock:
+            return list(self._slots[rank].helpers)
+
+    def _helper_of(self, rank: int) -> HelperSlot | None:
+        """The calling thread's helper slot, when it is a helper of ``rank``."""
+        me = threading.get_ident()
+        for helper in self._slots[rank].helpers:
+            if helper.thread_id == me:
+                return helper
+        return None
+
+    def _progressing(self, rank: int) -> bool:
+        """Whether some thread of ``rank`` runs (its main thread, or a helper)."""
+        slot = self._slots[rank]
+        return slot.state is RankState.RUNNING or (
+            slot.state is RankState.WAITING and any(h.waiting_on is None for h in slot.helpers))
+
+    def _wait_helper(self, rank: int, helper: HelperSlot, waitable: Waitable) -> None:
+        """A helper thread's wait: no run token to give up or take back."""
+        while True:
+            with self._lock:
+                if helper.interrupt is not None:
+                    error, helper.interrupt = helper.interrupt, None
+                    raise error
+                if waitable.done:
+                    if helper.waiting_on is not None:
+                        helper.waiting_on = None
+                        self._helper_waits -= 1
+                    break
+                if self._abort is not None:
+                    if helper.waiting_on is not None:
+                        helper.waiting_on = None
+                        self._helper_waits -= 1
+                    raise _copy_error(self._closed_error or self._abort)
+                if helper.waiting_on is None:
+                    helper.waiting_on = waitable
+                    self._helper_waits += 1
+                    if not self._progressing(rank):
+                        self._settle_locked(None)
+                        if self._policy is not None and helper.interrupt is None:
+                            self._nothing_runnable_locked()
+                    else:
+                        # Its rank runs on, but this thread alone may wait on
+                        # a peer that has left.
+                        self._settle_locked(None)
+                    if helper.interrupt is not None:
+                        continue
+            helper.parker.park(_POLL_S)
+        if waitable.error is not None:
+            raise _copy_error(waitable.error)
 
     # -- rank lifecycle ---------------------------------------------------
 
@@ -469,6 +616,11 @@ class Scheduler:
     def wait(self, rank: int, waitable: Waitable) -> None:
         """Block ``rank`` until ``waitable`` is done; raise its error if any."""
         slot = self._slots[rank]
+        if slot.helpers and slot.thread_id != threading.get_ident():
+            helper = self._helper_of(rank)
+            if helper is not None:
+                self._wait_helper(rank, helper, waitable)
+                return
         try:
             self._wait(rank, slot, waitable)
         finally:
@@ -535,6 +687,12 @@ class Scheduler:
                 slot.parker.unpark()
             else:
                 self._ready.append(rank)
+        elif slot.helpers:
+            for helper in slot.helpers:
+                if helper.waiting_on is waitable:
+                    helper.waiting_on = None
+                    self._helper_waits -= 1
+                    helper.parker.unpark()
 
     def _pass_baton_locked(self) -> None:
         """Wake one deferred rank: called by a rank about to park or leave.
@@ -563,8 +721,8 @@ class Scheduler:
         if self._running > 0 or self._abort is not None:
             return
         stuck = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
-        if not stuck:
-            return
+        if not stuck or any(self._progressing(r) for r in stuck):
+            return  # a helper thread still runs
         error = DeadlockError(self.report(
             "deadlock: every live rank is waiting and none can run; rank(s) "
             f"{stuck} wait for something no rank will ever do"))
@@ -589,6 +747,8 @@ class Scheduler:
         self._abort_event.set()
         for slot in self._slots:
             slot.parker.unpark()
+            for helper in slot.helpers:
+                helper.parker.unpark()
 
     # -- deadlock detection -----------------------------------------------
 
@@ -606,20 +766,24 @@ class Scheduler:
         if trigger is not None:
             # The common case, kept O(group size): every rank it needs runs.
             needed = slots[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]
-            if all(slots[p].state is RankState.RUNNING for p in needed):
+            if all(slots[p].state is RankState.RUNNING or self._progressing(p) for p in needed):
                 return False
             # A peer that has left: certain at once, no walk needed to know it.
             if defer and not any(p in self._gone for p in needed):
                 return True
-            graph = self._waiting_graph_from(trigger)
-        elif self.world_size - self._running - len(self._gone) == 0:
+            waits = self._waiting_graph_from(trigger)
+            lone = [trigger] if slots[trigger].helpers else []
+        elif self.world_size - self._running - len(self._gone) == 0 and not self._helper_waits:
             return False  # nobody waits
         else:
-            graph = {
-                r: list(s.waiting_on.needed_ranks())  # type: ignore[union-attr]
-                for r, s in enumerate(slots) if s.state is RankState.WAITING
-            }
-        stuck = cannot_complete(graph, lambda r: slots[r].state is RankState.RUNNING)
+            waits = {r: self._thread_waits(r) for r, s in enumerate(slots)
+                     if s.state is RankState.WAITING and not self._progressing(r)}
+            lone = [r for r, s in enumerate(slots) if s.helpers and r not in waits]
+        # One list per rank: the ranks any of its threads needs (what reports show).
+        graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
+        stuck = cannot_complete_threads(waits, self._progressing)
+        if lone:
+            self._settle_threads_locked(lone, stuck)
         if not stuck:
             return False
         roots = self._failed_roots(graph, stuck)
@@ -654,18 +818,83 @@ class Scheduler:
             self._interrupt_locked(r, released)
         return False
 
-    def _waiting_graph_from(self, start: int) -> dict[int, list[int]]:
-        """The waiting ranks reachable from ``start`` through needed ranks."""
-        graph: dict[int, list[int]] = {}
+    def _waiting_graph_from(self, start: int) -> dict[int, list[list[int]]]:
+        """The blocked ranks reachable from ``start`` through needed ranks,
+        each with what every one of its threads needs."""
+        waits: dict[int, list[list[int]]] = {}
         todo = [start]
         while todo:
             r = todo.pop()
-            if r in graph:
+            if r in waits or self._progressing(r):
                 continue
-            needed = list(self._slots[r].waiting_on.needed_ranks())  # type: ignore[union-attr]
-            graph[r] = needed
-            todo += [p for p in needed if self._slots[p].state is RankState.WAITING]
-        return graph
+            lists = self._thread_waits(r)
+            waits[r] = lists
+            todo += [p for needed in lists for p in needed
+                     if self._slots[p].state is RankState.WAITING]
+        return waits
+
+    def _thread_waits(self, rank: int) -> list[list[int]]:
+        """What each waiting thread of ``rank`` needs, its main thread first."""
+        slot = self._slots[rank]
+        lists = []
+        if slot.state is RankState.WAITING and slot.waiting_on is not None:
+            lists.append(list(slot.waiting_on.needed_ranks()))
+        lists += [list(h.waiting_on.needed_ranks()) for h in slot.helpers if h.waiting_on is not None]
+        return lists
+
+    def _settle_threads_locked(self, ranks: list[int], stuck: set[int]) -> None:
+        """Ranks that still run (a helper or the main thread does) may have
+        single threads that can never complete: waiting on a peer that has
+        left or on a closed set of blocked ranks. Only those threads hear it."""
+        for r in ranks:
+            slot = self._slots[r]
+            threads: list[tuple[HelperSlot | None, Waitable]] = []
+            if slot.state is RankState.WAITING and slot.waiting_on is not None:
+                threads.append((None, slot.waiting_on))
+            threads += [(h, h.waiting_on) for h in slot.helpers if h.waiting_on is not None]
+            for helper, waitable in threads:
+                bad = sorted(p for p in waitable.needed_ranks()
+                             if p != r and (p in stuck or p in self._gone))
+                if not bad:
+                    continue
+                failed = [p for p in bad if self._slots[p].state is RankState.FAILED]
+                who = "its main thread" if helper is None else f"its helper thread {helper.name!r}"
+                if failed:
+                    root = self._slots[failed[0]].root_failure
+                    root = failed[0] if root is None else root
+                    error: BaseException = PeerFailedError(
+                        f"released: rank {r} ({self._describe_rank(r)}), {who}, waits in "
+                        f"{waitable.describe()}, which needs rank {root} "
+                        f"({self._describe_rank(root)}), which failed with {self._slots[root].failure}")
+                    error.simdist_origin = root  # type: ignore[attr-defined]
+                else:
+                    error = DeadlockError(self.report(
+                        f"deadlock: rank {r}, {who}, waits in {waitable.describe()}, which needs "
+                        f"rank(s) {bad}: finished, or blocked for good"))
+                    if self.deadlock is None:
+                        self.deadlock = error
+                    self._record_locked(r, error)
+                self._interrupt_thread_locked(r, helper, error)
+
+    def _interrupt_thread_locked(self, rank: int, helper: HelperSlot | None,
+                                 error: BaseException) -> None:
+        if helper is None:
+            slot = self._slots[rank]
+            slot.state = RankState.RUNNING
+            slot.waiting_on = None
+            self._running += 1
+            if self._policy is not None:
+                self._policy.push(rank)
+                if self._holder is None:  # found from a helper thread, the token idle
+                    self._hand_token_locked()
+            slot.interrupt = error
+            slot.parker.unpark()
+            return
+        if helper.waiting_on is not None:
+            helper.waiting_on = None
+            self._helper_waits -= 1
+        helper.interrupt = error
+        helper.parker.unpark()
 
     def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
         """For each stuck rank, the failed rank it waits on (transitively), if any."""
@@ -701,7 +930,13 @@ class Scheduler:
             if self._policy is not None:
                 self._policy.push(rank)
         slot.interrupt = error
+        if self._policy is not None and self._holder is None:
+            self._hand_token_locked()  # found from a helper thread, the token idle
         slot.parker.unpark()
+        # Every thread of a rank that can never complete is stuck too.
+        for helper in slot.helpers:
+            if helper.waiting_on is not None:
+                self._interrupt_thread_locked(rank, helper, _copy_error(error))
 
     def report(self, headline: str) -> str:
         """Every rank's state, pending call and user stack (call with the lock held)."""
@@ -720,6 +955,13 @@ class Scheduler:
                 lines.extend("      " + s for s in stacks.user_stack(frame))
             else:
                 lines.append(f"  rank {rank} ({where}): {slot.state.value}")
+            for helper in slot.helpers:
+                w = helper.waiting_on
+                lines.append(f"    helper thread {helper.name!r}: "
+                             + ("running" if w is None else f"waiting in {w.describe()}"))
+                if w is not None:
+                    frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
+                    lines.extend("        " + s for s in stacks.user_stack(frame))
         unmatched = [
             op for q in list(self._sends.values()) + list(self._recvs.values()) for op in q
         ]

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import c10d_state, comm_stats, stacks
+from . import c10d_state, comm_stats, helpers, stacks
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -72,6 +72,13 @@ class World:
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
         self._groups_lock = threading.Lock()
+        # Exceptions that escaped a rank's helper threads, per rank: the rank
+        # fails with the first once its body has returned (never swallowed).
+        self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}
+
+    def helper_failed(self, rank: int, name: str, exc: BaseException) -> None:
+        with self._groups_lock:
+            self.helper_failures.setdefault(rank, []).append((name, exc))
 
     def describe_rank(self, rank: int) -> str:
         if self.layout is None:
@@ -317,6 +324,10 @@ def run(
     go = threading.Event()
 
     def rank_main(rank: int) -> None:
+        # Threads the body starts are not daemons by default, as in a process
+        # whose main thread starts them; the rank thread itself stays a daemon
+        # for the interpreter (its flag was read when it started).
+        threading.current_thread()._daemonic = False  # type: ignore[attr-defined]
         bind_current(world, rank)
         world.scheduler.bind_thread(rank)
         try:
@@ -338,16 +349,21 @@ def run(
                 )
                 rank_args, rank_kwargs = inputs[rank]
                 results[rank] = fn(ctx, *rank_args, **rank_kwargs)
+                _end_helpers(world, rank, body_ok=True)
             world.scheduler.rank_finished(rank)
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             failures[rank] = exc
-            world.scheduler.rank_failed(rank, exc)
+            try:
+                _end_helpers(world, rank, body_ok=False)
+            finally:
+                world.scheduler.rank_failed(rank, exc)
         finally:
             c10d_state.leave_rank_thread()
             bind_current(None)
             exited[rank].set()
 
     c10d_state.install()
+    helpers.install()
     timed_out: str | None = None
     try:
         threads = [
@@ -356,6 +372,7 @@ def run(
         ]
         for t, done in zip(threads, exited):
             t.simdist_exited = done  # type: ignore[attr-defined]
+            t._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
         try:
             for t in threads:
                 t.start()
@@ -372,6 +389,7 @@ def run(
     finally:
         if world.states is not None:
             world.states.restore_caller()
+        helpers.uninstall()
         c10d_state.uninstall()
         # A group object can outlive its run (returned from the body, kept in a
         # global): calls on it must fail at once, not wait for ranks that are gone.
@@ -391,6 +409,41 @@ def run(
     if trace_error is not None:
         raise trace_error
     return results
+
+
+def _end_helpers(world: World, rank: int, body_ok: bool) -> None:
+    """A rank's end, as a process's: wait for its non-daemon helper threads
+    (a wait in simdist, so deadlocks among them are found), stop daemon ones
+    (a process's exit would kill them), and fail with what a helper raised.
+    A rank that failed stops all its helpers. A helper that cannot be stopped
+    is reported by name and stack."""
+    scheduler = world.scheduler
+    if body_ok:
+        waitable = scheduler.helpers_waitable(rank)
+        if waitable is not None:
+            scheduler.wait(rank, waitable)
+    failed = list(world.helper_failures.get(rank, ()))  # before stopping any
+    left = scheduler.live_helpers(rank)
+    for helper in left:
+        if helper.thread_id is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError))
+    grace = time.monotonic() + _GRACE_S
+    while left and time.monotonic() < grace:
+        time.sleep(0.005)
+        left = scheduler.live_helpers(rank)
+    if left and body_ok:
+        frames = sys._current_frames()
+        lines = [f"rank {rank}'s body returned, but {len(left)} daemon helper thread(s) it started "
+                 f"could not be stopped within {_GRACE_S:g} s (blocked in native code, or "
+                 f"catching the interrupt):"]
+        for helper in left:
+            lines.append(f"  {helper.name}:")
+            lines.extend("      " + s for s in stacks.user_stack(frames.get(helper.thread_id or -1)))
+        raise SimulationError("\n".join(lines))
+    if failed and body_ok:
+        name, exc = failed[0]
+        raise exc
 
 
 def _rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int,
@@ -494,13 +547,14 @@ def _interrupt(threads: list[threading.Thread], world: World,
 
 def _signal(threads: list[threading.Thread], world: World, error: SimulationError) -> None:
     world.scheduler.abort(error)
-    for t in threads:
+    idents = [t.ident for t in threads if _alive(t) and t.ident is not None]
+    # Helper threads too: a rank waits for its helpers before it ends.
+    for rank in range(world.world_size):
+        idents += [h.thread_id for h in world.scheduler.live_helpers(rank) if h.thread_id]
+    for ident in idents:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
-        if _alive(t) and t.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(t.ident), ctypes.py_object(type(error))
-            )
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(type(error)))
 
 
 def _wait_for(threads: list[threading.Thread]) -> list[threading.Thread]:
