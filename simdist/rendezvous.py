@@ -247,12 +247,14 @@ class Scheduler:
         on_done: Callable[[Waitable], None] = lambda w: None,
         policy: Policy | None = None,
         on_resume: Callable[[int], None] = lambda rank: None,
+        on_yield: Callable[[], None] = lambda: None,
     ) -> None:
         self.world_size = world_size
         # The run token : with a policy, only
         # the holder executes; None runs every rank at once.
         self._policy = policy
         self._on_resume = on_resume
+        self._on_yield = on_yield  # after giving up the token (see rank_state)
         self._holder: int | None = None
         if policy is not None:
             for r in range(world_size):
@@ -633,6 +635,7 @@ class Scheduler:
     def _wait(self, rank: int, slot: "_RankSlot", waitable: Waitable) -> None:
         settle_pending = False
         scheduled = self._policy is not None
+        gave_up = False
         while True:
             with self._lock:
                 if slot.yielded and self._holder != rank and self._abort is None:
@@ -665,10 +668,13 @@ class Scheduler:
                     if slot.interrupt is not None:
                         continue  # this rank can never complete: raise on the next pass
                     if scheduled:
-                        slot.yielded = True
+                        slot.yielded = gave_up = True
                         self._hand_token_locked()
                     else:
                         self._pass_baton_locked()
+            if gave_up:
+                gave_up = False
+                self._on_yield()
             slot.parker.park(_SETTLE_AFTER_S if settle_pending else _POLL_S)
 
     def _wake_locked(self, rank: int, waitable: Waitable, now: bool = True) -> None:

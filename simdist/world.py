@@ -35,7 +35,7 @@ from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, c
 from .layout import Layout
 from .overlap import check_members_disjoint
 from .policy import make_policy
-from .rank_state import RankStates
+from .rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
 from .store import RankStore
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
@@ -67,7 +67,8 @@ class World:
         # Unscheduled, every rank shares the process's state as it always did.
         self.states = RankStates(world_size, rank_local) if policy is not None else None
         self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done, policy,
-                                   self.states.switch_to if self.states else lambda rank: None)
+                                   self._resume if self.states else lambda rank: None,
+                                   release_process)
         self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
@@ -79,6 +80,10 @@ class World:
     def helper_failed(self, rank: int, name: str, exc: BaseException) -> None:
         with self._groups_lock:
             self.helper_failures.setdefault(rank, []).append((name, exc))
+
+    def _resume(self, rank: int) -> None:
+        assert self.states is not None
+        self.states.switch_to(rank, lambda: self.scheduler.aborted)
 
     def describe_rank(self, rank: int) -> str:
         if self.layout is None:
@@ -358,10 +363,13 @@ def run(
             finally:
                 world.scheduler.rank_failed(rank, exc)
         finally:
+            release_process()
             c10d_state.leave_rank_thread()
             bind_current(None)
             exited[rank].set()
 
+    # A rank that starts a run of its own lets that run's ranks execute.
+    suspended = suspend_process()
     c10d_state.install()
     helpers.install()
     timed_out: str | None = None
@@ -389,6 +397,7 @@ def run(
     finally:
         if world.states is not None:
             world.states.restore_caller()
+        resume_process(suspended)
         helpers.uninstall()
         c10d_state.uninstall()
         # A group object can outlive its run (returned from the body, kept in a

@@ -162,3 +162,48 @@ def test_a_rank_blocked_in_c_is_reported_and_disturbs_nothing_when_it_exits_late
     assert results == [[3.0, 2.0], [3.0, 2.0]]
     assert use_real_world_by_name(real_world) == [2.0, 3.0]
     assert type(c10d._world) is c10d._World, "routing ends once the last rank thread has left"
+
+
+def drawing_body(ctx: simdist.RankContext, base: int, rounds: int) -> tuple[list[float], str]:
+    torch.manual_seed(base + ctx.rank)
+    draws: list[float] = []
+    for _ in range(rounds):
+        draws += torch.randn(2).tolist()
+        t = torch.ones(1)
+        dist.all_reduce(t)  # the token passes here, to this run's ranks or another run's
+    return draws, dist.group.WORLD.group_name
+
+
+def expected_draws(seed: int, rounds: int) -> list[float]:
+    g = torch.Generator().manual_seed(seed)
+    return [x for _ in range(rounds) for x in torch.randn(2, generator=g).tolist()]
+
+
+@pytest.mark.parametrize("schedule", ["rank", "random"])
+def test_runs_in_several_threads_at_once_stay_independent(schedule: str) -> None:
+    torch.manual_seed(11)
+    caller_state = torch.get_rng_state()
+    rounds, bases = 20, [100, 200, 300]
+    outcomes: dict[int, Any] = {}
+
+    def one(base: int) -> None:
+        try:
+            outcomes[base] = simdist.run(drawing_body, world_size=3, timeout=TIMEOUT,
+                                         schedule=schedule, args=(base, rounds))
+        except BaseException as exc:  # reported below
+            outcomes[base] = exc
+
+    threads = [threading.Thread(target=one, args=(b,)) for b in bases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    names = []
+    for base in bases:
+        results = outcomes[base]
+        assert not isinstance(results, BaseException), results
+        for rank, (draws, name) in enumerate(results):
+            assert draws == expected_draws(base + rank, rounds), (base, rank)
+            names.append(name)
+    assert len(set(names)) == len(names)
+    assert torch.equal(torch.get_rng_state(), caller_state), "the caller's generator is put back"
