@@ -66,3 +66,29 @@ def test_after_ctrl_c_no_rank_makes_progress(schedule: str) -> None:
     assert progress == seen, f"ranks still computing after Ctrl-C: {seen} -> {progress}"
     assert sum(seen) > 0
     assert simdist.run(lambda ctx: ctx.rank, world_size=2, timeout=60.0) == [0, 1]
+
+
+def blocked_in_c_then_ctrl_c_body(ctx: simdist.RankContext, blocker: threading.Event) -> int:
+    if ctx.rank == 0:
+        threading.Timer(0.3, signal.pthread_kill, (MAIN, signal.SIGINT)).start()
+    dist.barrier()
+    if ctx.rank == 1:
+        blocker.wait()  # in C: no interrupt reaches it
+    return ctx.rank
+
+
+@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+                    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process")
+def test_ctrl_c_names_a_rank_it_cannot_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import simdist.world
+    monkeypatch.setattr(simdist.world, "_GRACE_S", 0.3)
+    blocker = threading.Event()
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            simdist.run(blocked_in_c_then_ctrl_c_body, world_size=2, timeout=120.0,
+                        args=(blocker,), share_args=True)
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "simdist-rank-1" in notes and "in blocked_in_c_then_ctrl_c_body" in notes
+    finally:
+        blocker.set()
+    assert simdist.run(lambda ctx: ctx.rank, world_size=2, timeout=60.0) == [0, 1]
