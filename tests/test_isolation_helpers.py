@@ -228,3 +228,59 @@ def test_ctrl_c_stops_busy_helper_threads_too() -> None:
     seen = list(progress)
     time.sleep(0.3)
     assert progress == seen and sum(seen) > 0
+
+
+def hands_its_group_out_body(ctx: simdist.RankContext, box: list[Any], go: threading.Event,
+                             done: threading.Event) -> float:
+    if ctx.rank == 0:
+        box.append(dist.group.WORLD)
+        go.set()
+        assert done.wait(30)  # the outsider tries the group meanwhile
+    return _all_reduce_world(ctx.rank + 1)
+
+
+def test_a_thread_outside_the_run_cannot_act_as_a_rank() -> None:
+    box: list[Any] = []
+    go, done = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    def outsider() -> None:
+        try:
+            go.wait(30)
+            for attempt in (lambda: dist.all_reduce(torch.ones(1), group=box[0]),
+                            lambda: box[0].allreduce([torch.ones(1)]),
+                            lambda: box[0].send([torch.ones(1)], 1, 0)):
+                try:
+                    attempt()
+                    errors.append("accepted")
+                except simdist.SimulationError as exc:  # caught, and the outsider goes on
+                    errors.append(str(exc))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=outsider)
+    thread.start()
+    results = simdist.run(hands_its_group_out_body, world_size=2, timeout=TIMEOUT,
+                          schedule="concurrent", args=(box, go, done), share_args=True)
+    thread.join(30)
+    assert results == [3.0, 3.0]  # the outsider's calls never joined rank 0's
+    assert len(errors) == 3
+    assert all("a thread outside the run" in e and "rank 0" in e for e in errors), errors
+
+
+def join_at_once_body(ctx: simdist.RankContext) -> float:
+    """Rank 0's main thread joins its helper at once, while the helper's
+    collective needs rank 1 to run: the join must give up the run token."""
+    if ctx.rank == 0:
+        out: list[float] = []
+        thread = threading.Thread(target=lambda: out.append(_all_reduce_world(5.0)))
+        thread.start()
+        thread.join()
+        return out[0]
+    return _all_reduce_world(7.0)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_joining_a_helper_lets_the_other_ranks_run(schedule: str) -> None:
+    assert simdist.run(join_at_once_body, world_size=2, timeout=TIMEOUT,
+                       schedule=schedule) == [12.0, 12.0]
