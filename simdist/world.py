@@ -308,10 +308,17 @@ def run(
         raise TypeError(f"share_args must be True or False, got {share_args!r}")
     inputs = _rank_inputs(tuple(args), kwargs, n, share_args)
     counting = comm_stats.active()
-    world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
-                  keep_trace=trace is not None or bool(counting), flight_records=flight_records,
-                  schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
-                  rank_local=rank_local)
+    # A rank that starts a run of its own (nested) lets that run's ranks
+    # execute, and its world take the caller's state, while it waits.
+    suspended = suspend_process()
+    try:
+        world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
+                      keep_trace=trace is not None or bool(counting), flight_records=flight_records,
+                      schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
+                      rank_local=rank_local)
+    except BaseException:
+        resume_process(suspended)
+        raise
     run_name = _name_run(fn)
     run_id = c10d_state.new_run_id()
 
@@ -368,8 +375,6 @@ def run(
             bind_current(None)
             exited[rank].set()
 
-    # A rank that starts a run of its own lets that run's ranks execute.
-    suspended = suspend_process()
     c10d_state.install()
     helpers.install()
     timed_out: str | None = None

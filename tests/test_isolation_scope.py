@@ -207,3 +207,31 @@ def test_runs_in_several_threads_at_once_stay_independent(schedule: str) -> None
             names.append(name)
     assert len(set(names)) == len(names)
     assert torch.equal(torch.get_rng_state(), caller_state), "the caller's generator is put back"
+
+
+def inner_body(ctx: simdist.RankContext) -> list[float]:
+    torch.manual_seed(50 + ctx.rank)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return [t.item()] + torch.rand(1).tolist()
+
+
+def outer_body(ctx: simdist.RankContext) -> list[Any]:
+    torch.manual_seed(ctx.rank)
+    first = torch.rand(1).tolist()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    inner = simdist.run(inner_body, world_size=2, timeout=TIMEOUT) if ctx.rank == 0 else None
+    second = torch.rand(1).tolist()  # the rank's own generator, as before the inner run
+    dist.all_reduce(t)
+    return [first + second, inner, dist.get_rank(), t.item()]
+
+
+def test_a_run_started_inside_a_rank_runs_and_leaves_the_ranks_state_alone() -> None:
+    results = simdist.run(outer_body, world_size=2, timeout=TIMEOUT)
+    for rank, (draws, inner, rank_seen, total) in enumerate(results):
+        assert draws == torch.rand(2, generator=torch.Generator().manual_seed(rank)).tolist()
+        assert rank_seen == rank and total == 4.0
+    assert results[0][1] == [
+        [2.0] + torch.rand(1, generator=torch.Generator().manual_seed(50 + r)).tolist()
+        for r in range(2)]
