@@ -21,6 +21,7 @@ outside any rank are untouched.
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.thread
 import threading
 from typing import Any
 
@@ -47,7 +48,10 @@ def _start(self: threading.Thread) -> None:
     world, rank = owner
     scheduler: Scheduler = world.scheduler
     state = c10d_state.current_state()
-    helper = scheduler.add_helper(rank, self.name, self.daemon)
+    executor = None
+    if getattr(self, "_target", None) is concurrent.futures.thread._worker:
+        executor = self._args[0]  # type: ignore[attr-defined]  # a weak reference
+    helper = scheduler.add_helper(rank, self.name, self.daemon, executor)
     self._simdist_helper = (scheduler, rank, helper)  # type: ignore[attr-defined]
     body = self.run
 
@@ -90,13 +94,69 @@ def _join(self: threading.Thread, timeout: float | None = None) -> None:
     return _originals["join"](self, timeout)
 
 
+def _submit(self: concurrent.futures.ThreadPoolExecutor, fn: Any, /, *args: Any,
+            **kwargs: Any) -> concurrent.futures.Future:
+    """A work item submitted by a rank keeps the rank unblocked until a
+    worker starts it; the worker is busy while it runs it."""
+    owner = _owner()
+    if owner is None:
+        return _originals["submit"](self, fn, *args, **kwargs)
+    world, rank = owner
+    scheduler: Scheduler = world.scheduler
+    started: list[Any] = []
+
+    def item(*a: Any, **k: Any) -> Any:
+        started.append(scheduler.item_started(rank))  # the worker's slot
+        return fn(*a, **k)
+
+    def done(f: concurrent.futures.Future) -> None:
+        # Runs on the worker once the result is set (a waiter on the future
+        # no longer needs the rank), or on whoever cancelled it.
+        if not started:
+            scheduler.item_started(rank, dropped=True)
+        else:
+            scheduler.item_finished(started[0])
+
+    scheduler.item_queued(rank)
+    try:
+        future = _originals["submit"](self, item, *args, **kwargs)
+    except BaseException:
+        scheduler.item_started(rank, dropped=True)
+        raise
+    future.add_done_callback(done)
+    return future
+
+
+def shut_down_pools(scheduler: Scheduler, rank: int) -> None:
+    """As a process's exit does: executors whose workers belong to ``rank``
+    stop taking work, and their idle workers leave."""
+    for helper in scheduler.live_helpers(rank):
+        executor = helper.executor() if helper.executor is not None else None
+        if executor is not None:
+            executor.shutdown(wait=False)
+        if helper.executor is not None:
+            scheduler.helper_woken(helper)
+
+
+class _FutureDone(ThreadExit):
+    """A wait on a Future, assumed completed by the rank's own threads; once
+    the Future is done it needs nobody (its callbacks may still be running)."""
+
+    def __init__(self, rank: int, future: concurrent.futures.Future) -> None:
+        super().__init__(rank, "a concurrent.futures.Future of this rank")
+        self.future = future
+
+    def needed_ranks(self) -> Any:
+        return () if self.done or self.future.done() else (self.rank,)
+
+
 def _future_wait(future: concurrent.futures.Future, timeout: float | None) -> None:
     owner = _owner()
     if owner is None or timeout is not None or future.done():
         return
     world, rank = owner
     scheduler: Scheduler = world.scheduler
-    waitable = ThreadExit(rank, "a concurrent.futures.Future of this rank")
+    waitable = _FutureDone(rank, future)
     future.add_done_callback(lambda _: scheduler.complete(rank, waitable))
     scheduler.wait(rank, waitable)
 
@@ -118,11 +178,13 @@ def install() -> None:
         if _installs == 0:
             _originals.update(start=threading.Thread.start, join=threading.Thread.join,
                               result=concurrent.futures.Future.result,
-                              exception=concurrent.futures.Future.exception)
+                              exception=concurrent.futures.Future.exception,
+                              submit=concurrent.futures.ThreadPoolExecutor.submit)
             threading.Thread.start = _start  # type: ignore[method-assign]
             threading.Thread.join = _join  # type: ignore[method-assign]
             concurrent.futures.Future.result = _result  # type: ignore[method-assign]
             concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]
+            concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
         _installs += 1
 
 
@@ -135,6 +197,7 @@ def uninstall() -> None:
             threading.Thread.join = _originals["join"]  # type: ignore[method-assign]
             concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]
             concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]
+            concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]
             _originals.clear()
 
 

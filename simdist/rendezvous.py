@@ -190,6 +190,10 @@ class HelperSlot:
     parker: _Parker = field(default_factory=_Parker)
     interrupt: BaseException | None = None
     joiners: list = field(default_factory=list)  # ThreadExit waits on this thread
+    # A ThreadPoolExecutor worker between work items blocks on the pool's
+    # queue: blocked, though not in simdist. Its executor (a weak reference).
+    idle: bool = False
+    executor: Any = None
 
 
 @dataclass
@@ -208,6 +212,7 @@ class _RankSlot:
     failure: str = ""  # "Type: message" of a rank that failed on its own
     helpers: list = field(default_factory=list)  # live HelperSlots
     helpers_done: list = field(default_factory=list)  # ThreadExit waits for non-daemon helpers
+    queued_items: int = 0  # pool work items submitted by the rank, not yet started
 
 
 def consequence_origin(exc: BaseException, rank: int) -> int | None:
@@ -292,10 +297,11 @@ class Scheduler:
 
     # -- helper threads -----------------------------------------------------
 
-    def add_helper(self, rank: int, name: str, daemon: bool) -> HelperSlot:
+    def add_helper(self, rank: int, name: str, daemon: bool, executor: Any = None) -> HelperSlot:
         """A thread of ``rank`` starts a helper (called before it starts, so
-        the rank never looks blocked in between)."""
-        helper = HelperSlot(name, daemon)
+        the rank never looks blocked in between); ``executor`` for a pool
+        worker, idle until it starts a work item."""
+        helper = HelperSlot(name, daemon, idle=executor is not None, executor=executor)
         with self._lock:
             self._slots[rank].helpers.append(helper)
         return helper
@@ -331,6 +337,9 @@ class Scheduler:
         with self._lock:
             if helper in self._slots[rank].helpers:
                 helper.joiners.append(waitable)
+                # A pool worker is joined once its pool is shut down: it
+                # wakes from its queue and leaves on its own.
+                helper.idle = False
             else:
                 waitable.done = True
         return waitable
@@ -347,9 +356,45 @@ class Scheduler:
             slot.helpers_done.append(waitable)
             return waitable
 
+    def helper_woken(self, helper: HelperSlot) -> None:
+        """An idle pool worker's pool was shut down: it leaves on its own."""
+        with self._lock:
+            helper.idle = False
+
     def live_helpers(self, rank: int) -> list[HelperSlot]:
         with self._lock:
             return list(self._slots[rank].helpers)
+
+    def item_queued(self, rank: int) -> None:
+        """A thread of ``rank`` submitted a pool work item: the rank is not
+        blocked while it waits to start."""
+        with self._lock:
+            self._slots[rank].queued_items += 1
+
+    def item_started(self, rank: int, dropped: bool = False) -> HelperSlot | None:
+        """A work item of ``rank`` starts (on the calling pool worker: its
+        slot is returned), or was ``dropped`` (cancelled) before it could."""
+        with self._lock:
+            self._slots[rank].queued_items -= 1
+            helper = None if dropped else self._helper_of(rank)
+            if helper is not None:
+                helper.idle = False
+            elif dropped:
+                self._after_helper_blocked_locked()
+            return helper
+
+    def item_finished(self, helper: HelperSlot | None) -> None:
+        """The work item a pool worker ran is done (its Future is set)."""
+        with self._lock:
+            if helper is not None and helper.executor is not None:
+                helper.idle = True
+                self._after_helper_blocked_locked()
+
+    def _after_helper_blocked_locked(self) -> None:
+        if self._abort is None:
+            self._settle_locked(None)
+            if self._policy is not None:
+                self._nothing_runnable_locked()
 
     def _helper_of(self, rank: int) -> HelperSlot | None:
         """The calling thread's helper slot, when it is a helper of ``rank``."""
@@ -363,7 +408,8 @@ class Scheduler:
         """Whether some thread of ``rank`` runs (its main thread, or a helper)."""
         slot = self._slots[rank]
         return slot.state is RankState.RUNNING or (
-            slot.state is RankState.WAITING and any(h.waiting_on is None for h in slot.helpers))
+            slot.state is RankState.WAITING and (slot.queued_items > 0 or any(
+                h.waiting_on is None and not h.idle for h in slot.helpers)))
 
     def _wait_helper(self, rank: int, helper: HelperSlot, waitable: Waitable) -> None:
         """A helper thread's wait: no run token to give up or take back."""
@@ -729,6 +775,9 @@ class Scheduler:
         stuck = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
         if not stuck or any(self._progressing(r) for r in stuck):
             return  # a helper thread still runs
+        if any(isinstance(self._slots[r].waiting_on, ThreadExit)
+               and not self._slots[r].waiting_on.needed_ranks() for r in stuck):  # type: ignore[union-attr]
+            return  # a Future is done, its callbacks are about to wake the waiter
         error = DeadlockError(self.report(
             "deadlock: every live rank is waiting and none can run; rank(s) "
             f"{stuck} wait for something no rank will ever do"))

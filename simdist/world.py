@@ -432,6 +432,7 @@ def _end_helpers(world: World, rank: int, body_ok: bool) -> None:
     A rank that failed stops all its helpers. A helper that cannot be stopped
     is reported by name and stack."""
     scheduler = world.scheduler
+    helpers.shut_down_pools(scheduler, rank)
     if body_ok:
         waitable = scheduler.helpers_waitable(rank)
         if waitable is not None:
@@ -439,7 +440,8 @@ def _end_helpers(world: World, rank: int, body_ok: bool) -> None:
     failed = list(world.helper_failures.get(rank, ()))  # before stopping any
     left = scheduler.live_helpers(rank)
     for helper in left:
-        if helper.thread_id is not None:
+        # An idle pool worker leaves by itself now that its pool is shut down.
+        if helper.thread_id is not None and not helper.idle:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError))
     grace = time.monotonic() + _GRACE_S

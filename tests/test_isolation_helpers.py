@@ -284,3 +284,38 @@ def join_at_once_body(ctx: simdist.RankContext) -> float:
 def test_joining_a_helper_lets_the_other_ranks_run(schedule: str) -> None:
     assert simdist.run(join_at_once_body, world_size=2, timeout=TIMEOUT,
                        schedule=schedule) == [12.0, 12.0]
+
+
+def idle_pool_cycle_body(ctx: simdist.RankContext, pools: list[Any]) -> int:
+    """Rank 0 keeps an idle pool, then both ranks wait on each other: the
+    idle worker is blocked too, so this is a deadlock, not a timeout."""
+    if ctx.rank == 0:
+        pool = ThreadPoolExecutor(2)
+        pools.append(pool)
+        assert pool.submit(dist.get_rank).result() == 0
+        dist.recv(torch.ones(1), src=1)
+        return 0
+    dist.recv(torch.ones(1), src=0)
+    return 1
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_idle_pool_workers_count_as_blocked(schedule: str) -> None:
+    pools: list[Any] = []
+    with pytest.raises(simdist.DeadlockError):
+        simdist.run(idle_pool_cycle_body, world_size=2, timeout=TIMEOUT, schedule=schedule,
+                    args=(pools,), share_args=True)
+
+
+def forgotten_pool_body(ctx: simdist.RankContext) -> float:
+    pool = ThreadPoolExecutor(2)  # never shut down, as a process's exit would
+    return pool.submit(_all_reduce_world, ctx.rank + 1).result()
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_pool_never_shut_down_ends_with_its_rank(schedule: str) -> None:
+    before = set(threading.enumerate())
+    assert simdist.run(forgotten_pool_body, world_size=3, timeout=TIMEOUT,
+                       schedule=schedule) == [6.0, 6.0, 6.0]
+    time.sleep(0.1)
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
