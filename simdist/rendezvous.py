@@ -11,6 +11,11 @@ others are deadlocked and get ``DeadlockError``; ranks still running are left
 alone. Which ranks are released therefore depends only on what each rank
 waits for, never on thread timing. Every blocking wait is a bounded poll too,
 so the watchdog always reaches a waiting rank.
+
+A rank may have helper threads (see ``helpers``): each has its own wait slot.
+A rank is blocked only when its main thread and every live helper wait, and
+can complete as soon as any one of its threads can (``cannot_complete_threads``);
+a single thread waiting on a peer that has left is told alone.
 """
 
 from __future__ import annotations
