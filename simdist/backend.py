@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from . import collectives as C
 from . import stacks
+from .c10d_state import scoped_name
 from .errors import CollectiveMismatchError, SimulationError, UnsupportedOperationError
 from .reduction import check_reduce_op
 from .rendezvous import Call, GroupInfo, P2POp, Scheduler, Waitable
@@ -36,6 +37,7 @@ class SimWork(dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:  # noqa: ARG002 (the run has its own watchdog)
         if self._waitable is not None:
+            _check_caller(self._scheduler, self._rank, "Work.wait")
             self._scheduler.wait(self._rank, self._waitable)
         return True
 
@@ -89,8 +91,10 @@ class SimProcessGroup(dist.ProcessGroup):
         self._desc = "undefined"
 
     # c10d stores names in the C++ backend, which a Python group does not have.
+    # The name c10d resolves groups by (functional collectives, DTensor) is
+    # unique to this run and rank; see c10d_state.
     def _set_group_name(self, name: str) -> None:
-        self._name = name
+        self._name = scoped_name(name)
 
     @property
     def group_name(self) -> str:  # type: ignore[override]
@@ -127,6 +131,8 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         # The hot path of every collective: kept flat on purpose (each Python
         # call costs about as much as the bookkeeping it would hide).
+        if getattr(_current, "world", None) is not self._world or _current.rank != self._global_rank:
+            _check_caller(self._scheduler, self._global_rank, op)
         seq = self._seq
         self._seq = seq + 1
         info = self._info
@@ -443,6 +449,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
         t = _one(tensors, "send")
+        _check_caller(self._scheduler, self._global_rank, "send")
         info = self.info
         peer = self._peer(dst, "send", "dst")
         op = P2POp("send", info, self._global_rank, peer, tag, t.detach().clone(), stacks.call_site(2))
@@ -452,6 +459,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork:
         t = _one(tensors, "recv")
+        _check_caller(self._scheduler, self._global_rank, "recv")
         info = self.info
         peer = self._peer(src, "recv", "src")
         op = P2POp("recv", info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
@@ -601,6 +609,29 @@ def _refused(error: BaseException) -> BaseException:
     if world is not None:
         world.scheduler.record(_current.rank, error)
     return error
+
+
+def _check_caller(scheduler: Scheduler, rank: int, what: str) -> None:
+    """A rank's group (or Work) used by a thread that is not that rank's: on
+    a cluster no such thread exists, and taking its call as the rank's would
+    join (or wait in) the rank's collectives behind its back. Refused; once
+    the run is over the scheduler's own "already ended" error says more."""
+    world = getattr(_current, "world", None)
+    if world is not None and world.scheduler is scheduler and _current.rank == rank:
+        return
+    if scheduler.closed is not None:
+        return
+    if world is None:
+        whose = "a thread outside the run"
+    elif world.scheduler is scheduler:
+        whose = f"a thread of rank {_current.rank}"
+    else:
+        whose = "a thread of another run"
+    raise SimulationError(
+        f"{what}: this process group belongs to rank {rank}, but {whose} "
+        f"({threading.current_thread().name!r}) called it; only rank {rank}'s own threads "
+        f"(its body and the helper threads it starts) can use its groups and Works"
+    )
 
 
 def current_world() -> tuple["WorldHooks", int]:

@@ -1,32 +1,49 @@
-"""Per-rank-thread torch.distributed state.
+"""Per-rank torch.distributed state, scoped to the threads of simulations.
 
 c10d keeps its world (default group, group maps, name counter) in one module
-global, ``distributed_c10d._world``, and its C++ group-name registry is
-process-global. While simulations run we swap that global for a router that
-gives each rank thread its own state and leaves every other thread (the main
-thread included) on the original; C++ thread-isolation mode gives each thread
-its own name registry. Everything is put back when the last simulation ends.
+global, ``distributed_c10d._world``, and registers every group by name in a
+process-global C++ registry (functional collectives and DTensor resolve groups
+through it). While simulations run we swap that global for a router that gives
+each rank (its thread, and the helper threads it starts) its own state and
+leaves every other thread on the original, so a real world used in another
+thread keeps working during a run.
+
+The C++ registry stays process-global (c10d's thread-isolation mode is left
+alone: switching it on would hide a real world's groups from its own threads).
+Instead a group created by a rank gets a registry name unique to its run and
+rank (``"1@simdist3.r0"``; c10d's own bookkeeping and the store prefixes
+keep the plain name every member agrees on), so the name still resolves to that rank's group
+from any thread, and a rank can only ever unregister its own names: a rank
+thread that exits late (blocked in C past its run) cannot touch the caller's
+groups or a later run's. The router stays installed until the last rank
+thread has left, not merely until the last run has returned.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from typing import Any
 
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import _set_thread_isolation_mode
 
 _tls = threading.local()
 _install_lock = threading.Lock()
-_installs = 0
+_runs = 0  # runs in progress
+_live: set["RankWorldState"] = set()  # rank states whose thread has not left yet
 _saved: dict[str, Any] = {}
+_patched: dict[str, Any] = {}  # c10d functions wrapped while routing is on
+_scopes = itertools.count(1)
+
+# Between a group's c10d name and the scope that makes it unique in the registry.
+SCOPE_SEP = "@simdist"
 
 
 class RankWorldState:
-    """The fields of ``c10d._World`` for one rank thread."""
+    """The fields of ``c10d._World`` for one rank (shared by its threads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str = "") -> None:
         self.default_pg: Any = None
         self.pg_map: dict = {}
         self.pg_names: dict = {}
@@ -37,6 +54,10 @@ class RankWorldState:
         self.pg_to_tag: dict = {}
         self.pg_coalesce_state: dict = {}
         self.comms: list = []
+        self.scope = scope
+        # Registry names this rank registered, with their groups: only these
+        # may it unregister, and a caller that wipes the registry gets them back.
+        self.registered: dict[str, Any] = {}
 
 
 def _routed(name: str, settable: bool = False) -> property:
@@ -68,38 +89,49 @@ class _ThreadRoutedWorld(c10d._World):
     comms = _routed("comms")
 
 
-def install() -> None:
-    """Route c10d's world per thread (nested/concurrent runs share one install)."""
-    global _installs
-    with _install_lock:
-        if _installs == 0:
-            _saved.update(
-                world=c10d._world,
-                backend=getattr(c10d, "_backend", None),
-                init_method=getattr(c10d, "_default_pg_init_method", None),
-                excepthook=sys.excepthook,
-            )
-            c10d._world = _ThreadRoutedWorld(c10d._world)
-            _saved["new_pg_helper"] = c10d._new_process_group_helper
-            c10d._new_process_group_helper = _simulated_backends(c10d._new_process_group_helper)
-            _set_thread_isolation_mode(True)
-        _installs += 1
+def scoped_name(name: str) -> str:
+    """The registry name of a group this thread's rank creates: c10d's own
+    name (the same on every member; store prefixes use it) plus the scope
+    that makes it unique in the process. Outside a rank, ``name`` itself."""
+    state = getattr(_tls, "state", None)
+    if state is None or SCOPE_SEP in name:
+        return name
+    return f"{name}{SCOPE_SEP}{state.scope}"
 
 
-def uninstall() -> None:
-    """Undo ``install`` once the last simulation using it has ended."""
-    global _installs
+# -- c10d's registry functions, scoped while routing is on --------------------
+
+def _register_process_group(name: str, pg: Any) -> None:
+    name = scoped_name(name)
+    _patched["_register_process_group"](name, pg)
+    state = getattr(_tls, "state", None)
+    if state is not None:
+        state.registered[name] = pg
+
+
+def _unregister_process_group(name: str) -> None:
+    state = getattr(_tls, "state", None)
+    if state is not None and name not in state.registered:
+        return  # not this rank's: never touch another rank's or the caller's group
+    _patched["_unregister_process_group"](name)
+    if state is not None:
+        state.registered.pop(name, None)
+
+
+def _unregister_all_process_groups() -> None:
+    """``destroy_process_group()`` wipes the whole registry. In a rank, wipe
+    only that rank's names; elsewhere (a real world torn down in another
+    thread during a run), put the live ranks' names back afterwards."""
+    state = getattr(_tls, "state", None)
+    if state is not None:
+        for name in list(state.registered):
+            _unregister_process_group(name)
+        return
+    _patched["_unregister_all_process_groups"]()
     with _install_lock:
-        _installs -= 1
-        if _installs == 0:
-            _set_thread_isolation_mode(False)
-            c10d._world = _saved["world"]
-            c10d._new_process_group_helper = _saved["new_pg_helper"]
-            c10d._backend = _saved["backend"]
-            c10d._default_pg_init_method = _saved["init_method"]
-            # init_process_group wraps sys.excepthook to prefix the rank.
-            sys.excepthook = _saved["excepthook"]
-            _saved.clear()
+        keep = [(n, pg) for s in _live for n, pg in s.registered.items()]
+    for name, pg in keep:
+        _patched["_register_process_group"](name, pg)
 
 
 # Backends a real job names for its groups (Megatron creates a gloo twin of every
@@ -108,35 +140,106 @@ def uninstall() -> None:
 _REAL_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl"}
 
 
-def _simulated_backends(helper: Any) -> Any:
-    def new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any,
-                                 *args: Any, **kwargs: Any) -> Any:
-        if getattr(_tls, "state", None) is not None and backend is not None:
-            # "gloo", or a device map such as "cpu:gloo,cuda:nccl"
-            names = {part.split(":")[-1].strip().lower() for part in str(backend).split(",")}
-            if names <= _REAL_BACKENDS:
-                backend = "simdist"
-        return helper(group_size, group_rank, global_ranks, backend, *args, **kwargs)
-
-    return new_process_group_helper
+def _new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any,
+                              *args: Any, **kwargs: Any) -> Any:
+    if getattr(_tls, "state", None) is not None and backend is not None:
+        # "gloo", or a device map such as "cpu:gloo,cuda:nccl"
+        names = {part.split(":")[-1].strip().lower() for part in str(backend).split(",")}
+        if names <= _REAL_BACKENDS:
+            backend = "simdist"
+    return _patched["_new_process_group_helper"](group_size, group_rank, global_ranks, backend,
+                                                 *args, **kwargs)
 
 
-def enter_rank_thread() -> RankWorldState:
-    state = RankWorldState()
-    _tls.state = state
+_WRAPPERS = {
+    "_new_process_group_helper": _new_process_group_helper,
+    "_register_process_group": _register_process_group,
+    "_unregister_process_group": _unregister_process_group,
+    "_unregister_all_process_groups": _unregister_all_process_groups,
+}
+
+
+def _route_locked() -> None:
+    if "world" in _saved:
+        return
+    _saved["world"] = c10d._world
+    c10d._world = _ThreadRoutedWorld(c10d._world)
+    for name, wrapper in _WRAPPERS.items():
+        _patched[name] = getattr(c10d, name)
+        setattr(c10d, name, wrapper)
+
+
+def _unroute_if_idle_locked() -> None:
+    if _runs or _live or "world" not in _saved:
+        return
+    for name, original in _patched.items():
+        setattr(c10d, name, original)
+    _patched.clear()
+    c10d._world = _saved.pop("world")
+
+
+def install() -> None:
+    """Route c10d's world per rank for one run (nested/concurrent runs share it)."""
+    global _runs
+    with _install_lock:
+        if _runs == 0:
+            _saved.update(
+                backend=getattr(c10d, "_backend", None),
+                init_method=getattr(c10d, "_default_pg_init_method", None),
+                excepthook=sys.excepthook,
+            )
+        _route_locked()
+        _runs += 1
+
+
+def uninstall() -> None:
+    """A run has ended. Module globals ranks set are put back once no run is
+    in progress; routing ends once no rank thread is left either."""
+    global _runs
+    with _install_lock:
+        _runs -= 1
+        if _runs == 0:
+            c10d._backend = _saved.pop("backend")
+            c10d._default_pg_init_method = _saved.pop("init_method")
+            # init_process_group wraps sys.excepthook to prefix the rank.
+            sys.excepthook = _saved.pop("excepthook")
+        _unroute_if_idle_locked()
+
+
+def new_rank_state(run_id: int, rank: int) -> RankWorldState:
+    """A rank's c10d state, counted live until ``leave_rank_thread``."""
+    state = RankWorldState(f"{run_id}.r{rank}")
+    with _install_lock:
+        _live.add(state)
     return state
 
 
+def new_run_id() -> int:
+    return next(_scopes)
+
+
+def current_state() -> RankWorldState | None:
+    return getattr(_tls, "state", None)
+
+
+def enter_thread(state: RankWorldState | None) -> None:
+    """Make ``state`` this thread's c10d state (a rank's thread or its helper)."""
+    _tls.state = state
+
+
 def leave_rank_thread() -> None:
-    """Forget this thread's groups, in c10d and in this thread's C++ registry."""
+    """Forget this rank's groups: its registry names, then its c10d state."""
     state: RankWorldState | None = getattr(_tls, "state", None)
     if state is None:
         return
     try:
-        for pg in list(state.pg_names):
+        for name in list(state.registered):
             try:
-                c10d._unregister_process_group(state.pg_names[pg])
+                _unregister_process_group(name)
             except Exception:
-                pass  # never registered (init failed half-way)
+                pass  # already gone
     finally:
         _tls.state = None
+        with _install_lock:
+            _live.discard(state)
+            _unroute_if_idle_locked()

@@ -7,6 +7,13 @@ the run token executes, the process-wide values can belong to that rank: on
 every switch the previous owner's values are saved and the incoming rank's
 loaded, as an OS switches address spaces. Every rank starts from the values at
 run start (deep copies), and the caller's values are put back when the run ends.
+
+Runs in progress at the same time (from several threads) are kept apart by
+one process-wide lock: a rank holds it while it holds its run's token and
+executes, so one rank of all runs executes at a time. When a rank of another
+run takes it, the previous run's values are saved (its rank's) and its
+caller's values put back before the new run loads its own: each run sees
+only its own ranks' state and its caller's.
 """
 
 from __future__ import annotations
@@ -215,16 +222,87 @@ def resolve_rank_local(entries: Sequence[Any]) -> list[_Slot]:
     return slots
 
 
+# The process's state belongs to one run at a time: the run whose rank holds
+# this lock (while it executes), or the last run that did (``_owner``).
+_process_lock = threading.Lock()
+_owner: "RankStates | None" = None
+# Who holds the lock now: a ticket per acquisition, so a thread can only
+# release its own hold (a run that ends releases a hold its stuck rank keeps).
+_meta = threading.Lock()
+_ticket: "tuple[RankStates, object] | None" = None
+_holding = threading.local()  # .ticket: the hold this thread has, if any
+_POLL_S = 0.05
+
+
+def _take_process(states: "RankStates", aborted: Callable[[], Any]) -> bool:
+    """Take the process-wide lock; give up (False) once ``aborted()`` says so."""
+    global _ticket
+    while not _process_lock.acquire(timeout=_POLL_S):
+        if aborted() is not None:
+            return False
+    with _meta:
+        _ticket = (states, object())
+        _holding.ticket = _ticket
+    return True
+
+
+def release_process() -> None:
+    """The calling thread gives up its hold of the process-wide lock, if it
+    has one (its rank blocked in simdist, or left)."""
+    global _ticket
+    mine = getattr(_holding, "ticket", None)
+    if mine is None:
+        return
+    _holding.ticket = None
+    with _meta:
+        if _ticket is mine:
+            _ticket = None
+            _process_lock.release()
+
+
+def _release_for(states: "RankStates") -> None:
+    """A run has ended: a hold its rank still has (stuck in C) is released."""
+    global _ticket
+    with _meta:
+        if _ticket is not None and _ticket[0] is states:
+            _ticket = None
+            _process_lock.release()
+
+
+def suspend_process() -> "tuple[RankStates, int] | None":
+    """A rank that starts a run of its own (a nested run) lets that run's
+    ranks take the process while it waits; ``resume_process`` takes it back."""
+    mine = getattr(_holding, "ticket", None)
+    if mine is None:
+        return None
+    states = mine[0]
+    rank = states._loaded
+    release_process()
+    return None if rank is None else (states, rank)
+
+
+def resume_process(held: "tuple[RankStates, int] | None") -> None:
+    if held is not None:
+        states, rank = held
+        states.switch_to(rank)
+
+
 class RankStates:
     """The process state of every rank of one run, and the caller's."""
 
     def __init__(self, world_size: int, rank_local: Sequence[Any] = ()) -> None:
+        global _owner
         from .rank_local_defaults import default_slots  # it builds on this module's slots
 
         explicit = resolve_rank_local(rank_local)
         self._slots = _builtin_slots() + explicit + default_slots({s.name for s in explicit})
         self._lock = threading.Lock()
-        self._caller = [s.get() for s in self._slots]
+        # The caller's values, not those of a rank of another run in progress.
+        with _process_lock:
+            if _owner is not None:
+                _owner._evict()
+                _owner = None
+            self._caller = [s.get() for s in self._slots]
         # Generator snapshots are immutable, so every rank starts from the
         # caller's very objects: a rank that never draws is never written.
         self._ranks: list[list[Any] | None] = [None] * world_size
@@ -241,9 +319,23 @@ class RankStates:
             return None
         return fingerprint
 
-    def switch_to(self, rank: int) -> None:
-        """Make the process state ``rank``'s (called by ``rank`` on taking the token)."""
+    def switch_to(self, rank: int, aborted: Callable[[], Any] = lambda: None) -> None:
+        """Make the process state ``rank``'s (called by ``rank`` on taking the
+        token): take the process-wide lock, then swap."""
+        global _owner
+        mine = getattr(_holding, "ticket", None)
+        if mine is None or mine is not _ticket:
+            release_process()
+            if not _take_process(self, aborted):
+                return  # the run is being taken down; the rank only unwinds
         with self._lock:
+            if _owner is not self:
+                if _owner is not None:
+                    _owner._evict()
+                _owner = self
+                # Whatever another run left, nothing of it is this run's.
+                self._held = [s.get() for s in self._slots]
+                self._marks = [None] * len(self._slots)
             if self._loaded == rank:
                 return
             held, marks = self._held, self._marks
@@ -271,13 +363,28 @@ class RankStates:
             self._loaded = rank
             self.switches += 1
 
+    def _evict(self) -> None:
+        """Another run takes the process: keep the loaded rank's values and
+        put this run's caller's back (called with the process lock held)."""
+        with self._lock:
+            if self._loaded is not None:
+                self._ranks[self._loaded] = [s.get() for s in self._slots]
+            for slot, value in zip(self._slots, self._caller):
+                slot.set(value)
+            self._loaded = None
+
     def restore_caller(self) -> None:
         """Put the caller's values back (the run has ended)."""
-        with self._lock:
-            try:
-                for slot, value in zip(self._slots, self._caller):
-                    slot.set(value)
-            finally:
-                for slot in self._slots:
-                    slot.close()
-                self._loaded = None
+        global _owner
+        _release_for(self)
+        with _process_lock:
+            with self._lock:
+                try:
+                    if _owner is self:
+                        for slot, value in zip(self._slots, self._caller):
+                            slot.set(value)
+                        _owner = None
+                finally:
+                    for slot in self._slots:
+                        slot.close()
+                    self._loaded = None

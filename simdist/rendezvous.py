@@ -11,6 +11,11 @@ others are deadlocked and get ``DeadlockError``; ranks still running are left
 alone. Which ranks are released therefore depends only on what each rank
 waits for, never on thread timing. Every blocking wait is a bounded poll too,
 so the watchdog always reaches a waiting rank.
+
+A rank may have helper threads (see ``helpers``): each has its own wait slot.
+A rank is blocked only when its main thread and every live helper wait, and
+can complete as soon as any one of its threads can (``cannot_complete_threads``);
+a single thread waiting on a peer that has left is told alone.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Callable, Sequence
 from .errors import DeadlockError, PeerFailedError, SimulationError
 from . import stacks
 from .policy import Policy
-from .waitfor import cannot_complete, deadlock_headline, on_cycle, reachable
+from .waitfor import cannot_complete_threads, deadlock_headline, on_cycle, reachable
 
 # How often a parked rank re-checks for aborts it was not woken for. Wake-ups are
 # explicit; this only bounds a lost wake-up. Large worlds poll less often, so
@@ -160,6 +165,45 @@ class _Parker:
             pass  # a permit is already pending
 
 
+class ThreadExit(Waitable):
+    """A wait for threads of the waiter's own rank to end (a join of a helper
+    thread, or a rank's end waiting for its helpers): only that rank's other
+    threads can complete it."""
+
+    def __init__(self, rank: int, what: str) -> None:
+        self.rank = rank
+        self.what = what
+        self.done = False
+        self.error = None
+
+    def needed_ranks(self) -> Sequence[int]:
+        return () if self.done else (self.rank,)
+
+    def describe(self) -> str:
+        return self.what
+
+
+@dataclass(eq=False)
+class HelperSlot:
+    """A thread a rank started (a helper): its own wait, parker and interrupt.
+
+    Helpers do not take the run token: they run alongside whichever rank
+    holds it. A rank is blocked only when its main thread and every live
+    helper wait."""
+
+    name: str
+    daemon: bool
+    thread_id: int | None = None
+    waiting_on: Waitable | None = None
+    parker: _Parker = field(default_factory=_Parker)
+    interrupt: BaseException | None = None
+    joiners: list = field(default_factory=list)  # ThreadExit waits on this thread
+    # A ThreadPoolExecutor worker between work items blocks on the pool's
+    # queue: blocked, though not in simdist. Its executor (a weak reference).
+    idle: bool = False
+    executor: Any = None
+
+
 @dataclass
 class _RankSlot:
     state: RankState = RankState.RUNNING
@@ -174,6 +218,9 @@ class _RankSlot:
     root_failure: int | None = None
     yielded: bool = False  # gave up the run token in its current wait
     failure: str = ""  # "Type: message" of a rank that failed on its own
+    helpers: list = field(default_factory=list)  # live HelperSlots
+    helpers_done: list = field(default_factory=list)  # ThreadExit waits for non-daemon helpers
+    queued_items: int = 0  # pool work items submitted by the rank, not yet started
 
 
 def consequence_origin(exc: BaseException, rank: int) -> int | None:
@@ -213,6 +260,7 @@ class Scheduler:
         on_done: Callable[[Waitable], None] = lambda w: None,
         policy: Policy | None = None,
         on_resume: Callable[[int], None] = lambda rank: None,
+        on_yield: Callable[[], None] = lambda: None,
     ) -> None:
         self.world_size = world_size
         self._poll_s = max(_POLL_S, world_size / _MAX_POLLS_PER_S)
@@ -220,6 +268,7 @@ class Scheduler:
         # the holder executes; None runs every rank at once.
         self._policy = policy
         self._on_resume = on_resume
+        self._on_yield = on_yield  # after giving up the token (see rank_state)
         self._holder: int | None = None
         # The first holder, given the token by ``begin``: a rank that ran while
         # the caller still starts threads would make every later start wait
@@ -265,6 +314,157 @@ class Scheduler:
         # Set once the run is over: any later call on this world raises this.
         self.closed: str | None = None
         self._closed_error: BaseException | None = None
+        self._helper_waits = 0  # helper threads waiting right now
+
+    # -- helper threads -----------------------------------------------------
+
+    def add_helper(self, rank: int, name: str, daemon: bool, executor: Any = None) -> HelperSlot:
+        """A thread of ``rank`` starts a helper (called before it starts, so
+        the rank never looks blocked in between); ``executor`` for a pool
+        worker, idle until it starts a work item."""
+        helper = HelperSlot(name, daemon, idle=executor is not None, executor=executor)
+        with self._lock:
+            self._slots[rank].helpers.append(helper)
+        return helper
+
+    def bind_helper(self, helper: HelperSlot) -> None:
+        helper.thread_id = threading.get_ident()
+
+    def remove_helper(self, rank: int, helper: HelperSlot) -> None:
+        """A helper thread ends: its joiners complete, and its rank may now be blocked."""
+        with self._lock:
+            slot = self._slots[rank]
+            if helper in slot.helpers:
+                slot.helpers.remove(helper)
+            if helper.waiting_on is not None:
+                helper.waiting_on = None
+                self._helper_waits -= 1
+            for waitable in helper.joiners:
+                waitable.done = True
+                self._wake_locked(rank, waitable)
+            if not any(not h.daemon for h in slot.helpers):
+                for waitable in slot.helpers_done:
+                    waitable.done = True
+                    self._wake_locked(rank, waitable)
+                slot.helpers_done = []
+            if self._abort is None:
+                self._settle_locked(None)
+                if self._policy is not None:
+                    self._nothing_runnable_locked()
+
+    def join_waitable(self, rank: int, helper: HelperSlot) -> ThreadExit:
+        """A wait until ``helper`` (a thread of ``rank``) has ended."""
+        waitable = ThreadExit(rank, f"join of helper thread {helper.name!r}")
+        with self._lock:
+            if helper in self._slots[rank].helpers:
+                helper.joiners.append(waitable)
+                # A pool worker is joined once its pool is shut down: it
+                # wakes from its queue and leaves on its own.
+                helper.idle = False
+            else:
+                waitable.done = True
+        return waitable
+
+    def helpers_waitable(self, rank: int) -> ThreadExit | None:
+        """A wait until every non-daemon helper of ``rank`` has ended (as a
+        process waits for its threads at exit), or None when none is left."""
+        with self._lock:
+            slot = self._slots[rank]
+            names = [h.name for h in slot.helpers if not h.daemon]
+            if not names:
+                return None
+            waitable = ThreadExit(rank, f"the end of helper thread(s) {names} after the body returned")
+            slot.helpers_done.append(waitable)
+            return waitable
+
+    def helper_woken(self, helper: HelperSlot) -> None:
+        """An idle pool worker's pool was shut down: it leaves on its own."""
+        with self._lock:
+            helper.idle = False
+
+    def live_helpers(self, rank: int) -> list[HelperSlot]:
+        with self._lock:
+            return list(self._slots[rank].helpers)
+
+    def item_queued(self, rank: int) -> None:
+        """A thread of ``rank`` submitted a pool work item: the rank is not
+        blocked while it waits to start."""
+        with self._lock:
+            self._slots[rank].queued_items += 1
+
+    def item_started(self, rank: int, dropped: bool = False) -> HelperSlot | None:
+        """A work item of ``rank`` starts (on the calling pool worker: its
+        slot is returned), or was ``dropped`` (cancelled) before it could."""
+        with self._lock:
+            self._slots[rank].queued_items -= 1
+            helper = None if dropped else self._helper_of(rank)
+            if helper is not None:
+                helper.idle = False
+            elif dropped:
+                self._after_helper_blocked_locked()
+            return helper
+
+    def item_finished(self, helper: HelperSlot | None) -> None:
+        """The work item a pool worker ran is done (its Future is set)."""
+        with self._lock:
+            if helper is not None and helper.executor is not None:
+                helper.idle = True
+                self._after_helper_blocked_locked()
+
+    def _after_helper_blocked_locked(self) -> None:
+        if self._abort is None:
+            self._settle_locked(None)
+            if self._policy is not None:
+                self._nothing_runnable_locked()
+
+    def _helper_of(self, rank: int) -> HelperSlot | None:
+        """The calling thread's helper slot, when it is a helper of ``rank``."""
+        me = threading.get_ident()
+        for helper in self._slots[rank].helpers:
+            if helper.thread_id == me:
+                return helper
+        return None
+
+    def _progressing(self, rank: int) -> bool:
+        """Whether some thread of ``rank`` runs (its main thread, or a helper)."""
+        slot = self._slots[rank]
+        return slot.state is RankState.RUNNING or (
+            slot.state is RankState.WAITING and (slot.queued_items > 0 or any(
+                h.waiting_on is None and not h.idle for h in slot.helpers)))
+
+    def _wait_helper(self, rank: int, helper: HelperSlot, waitable: Waitable) -> None:
+        """A helper thread's wait: no run token to give up or take back."""
+        while True:
+            with self._lock:
+                if helper.interrupt is not None:
+                    error, helper.interrupt = helper.interrupt, None
+                    raise error
+                if waitable.done:
+                    if helper.waiting_on is not None:
+                        helper.waiting_on = None
+                        self._helper_waits -= 1
+                    break
+                if self._abort is not None:
+                    if helper.waiting_on is not None:
+                        helper.waiting_on = None
+                        self._helper_waits -= 1
+                    raise _copy_error(self._closed_error or self._abort)
+                if helper.waiting_on is None:
+                    helper.waiting_on = waitable
+                    self._helper_waits += 1
+                    if not self._progressing(rank):
+                        self._settle_locked(None)
+                        if self._policy is not None and helper.interrupt is None:
+                            self._nothing_runnable_locked()
+                    else:
+                        # Its rank runs on, but this thread alone may wait on
+                        # a peer that has left.
+                        self._settle_locked(None)
+                    if helper.interrupt is not None:
+                        continue
+            helper.parker.park(_POLL_S)
+        if waitable.error is not None:
+            raise _copy_error(waitable.error)
 
     # -- rank lifecycle ---------------------------------------------------
 
@@ -501,6 +701,11 @@ class Scheduler:
     def wait(self, rank: int, waitable: Waitable) -> None:
         """Block ``rank`` until ``waitable`` is done; raise its error if any."""
         slot = self._slots[rank]
+        if slot.helpers and slot.thread_id != threading.get_ident():
+            helper = self._helper_of(rank)
+            if helper is not None:
+                self._wait_helper(rank, helper, waitable)
+                return
         try:
             self._wait(rank, slot, waitable)
         finally:
@@ -513,6 +718,7 @@ class Scheduler:
     def _wait(self, rank: int, slot: "_RankSlot", waitable: Waitable) -> None:
         settle_pending = False
         scheduled = self._policy is not None
+        gave_up = False
         while True:
             with self._lock:
                 if slot.yielded and self._holder != rank and self._abort is None:
@@ -545,10 +751,13 @@ class Scheduler:
                     if slot.interrupt is not None:
                         continue  # this rank can never complete: raise on the next pass
                     if scheduled:
-                        slot.yielded = True
+                        slot.yielded = gave_up = True
                         self._hand_token_locked()
                     else:
                         self._pass_baton_locked()
+            if gave_up:
+                gave_up = False
+                self._on_yield()
             slot.parker.park(_SETTLE_AFTER_S if settle_pending else self._poll_s)
 
     def _wake_locked(self, rank: int, waitable: Waitable, now: bool = True) -> None:
@@ -567,6 +776,12 @@ class Scheduler:
                 slot.parker.unpark()
             else:
                 self._ready.append(rank)
+        elif slot.helpers:
+            for helper in slot.helpers:
+                if helper.waiting_on is waitable:
+                    helper.waiting_on = None
+                    self._helper_waits -= 1
+                    helper.parker.unpark()
 
     def _pass_baton_locked(self) -> None:
         """Wake one deferred rank: called by a rank about to park or leave.
@@ -595,8 +810,11 @@ class Scheduler:
         if self._running > 0 or self._abort is not None:
             return
         stuck = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
-        if not stuck:
-            return
+        if not stuck or any(self._progressing(r) for r in stuck):
+            return  # a helper thread still runs
+        if any(isinstance(self._slots[r].waiting_on, ThreadExit)
+               and not self._slots[r].waiting_on.needed_ranks() for r in stuck):  # type: ignore[union-attr]
+            return  # a Future is done, its callbacks are about to wake the waiter
         error = DeadlockError(self.report(
             "deadlock: every live rank is waiting and none can run; rank(s) "
             f"{stuck} wait for something no rank will ever do"))
@@ -621,6 +839,8 @@ class Scheduler:
         self._abort_event.set()
         for slot in self._slots:
             slot.parker.unpark()
+            for helper in slot.helpers:
+                helper.parker.unpark()
 
     # -- deadlock detection -----------------------------------------------
 
@@ -640,27 +860,34 @@ class Scheduler:
         if trigger is not None:
             # The common case, kept O(group size): every rank it needs runs.
             needed = slots[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]
-            if all(slots[p].state is RankState.RUNNING for p in needed):
+            if all(slots[p].state is RankState.RUNNING or self._progressing(p) for p in needed):
                 return False
             # A peer that has left: certain at once, no walk needed to know it.
             if defer and not any(p in self._gone for p in needed):
                 return True
-            graph = self._waiting_graph_from(trigger)
-        elif self.world_size - self._running - len(self._gone) == 0:
+            waits = self._waiting_graph_from(trigger)
+            lone = [trigger] if slots[trigger].helpers else []
+        elif self.world_size - self._running - len(self._gone) == 0 and not self._helper_waits:
             return False  # nobody waits
-        elif left is not None:
-            graph = {}
+        elif left is not None and not self._helper_waits:
+            # Only main threads wait: the ranks that need the one that left
+            # are found through the indexes, not by scanning every rank.
+            waits = {}
             for r in self._waiting_on_closure_locked(left):
-                if r not in graph:
-                    graph.update(self._waiting_graph_from(r))
-            if not graph:
+                if r not in waits:
+                    waits.update(self._waiting_graph_from(r))
+            if not waits:
                 return False
+            lone = []
         else:
-            graph = {
-                r: list(s.waiting_on.needed_ranks())  # type: ignore[union-attr]
-                for r, s in enumerate(slots) if s.state is RankState.WAITING
-            }
-        stuck = cannot_complete(graph, lambda r: slots[r].state is RankState.RUNNING)
+            waits = {r: self._thread_waits(r) for r, s in enumerate(slots)
+                     if s.state is RankState.WAITING and not self._progressing(r)}
+            lone = [r for r, s in enumerate(slots) if s.helpers and r not in waits]
+        # One list per rank: the ranks any of its threads needs (what reports show).
+        graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
+        stuck = cannot_complete_threads(waits, self._progressing)
+        if lone:
+            self._settle_threads_locked(lone, stuck)
         if not stuck:
             return False
         roots = self._failed_roots(graph, stuck)
@@ -729,18 +956,83 @@ class Scheduler:
                     todo.append(w)
         return seen
 
-    def _waiting_graph_from(self, start: int) -> dict[int, list[int]]:
-        """The waiting ranks reachable from ``start`` through needed ranks."""
-        graph: dict[int, list[int]] = {}
+    def _waiting_graph_from(self, start: int) -> dict[int, list[list[int]]]:
+        """The blocked ranks reachable from ``start`` through needed ranks,
+        each with what every one of its threads needs."""
+        waits: dict[int, list[list[int]]] = {}
         todo = [start]
         while todo:
             r = todo.pop()
-            if r in graph:
+            if r in waits or self._progressing(r):
                 continue
-            needed = list(self._slots[r].waiting_on.needed_ranks())  # type: ignore[union-attr]
-            graph[r] = needed
-            todo += [p for p in needed if self._slots[p].state is RankState.WAITING]
-        return graph
+            lists = self._thread_waits(r)
+            waits[r] = lists
+            todo += [p for needed in lists for p in needed
+                     if self._slots[p].state is RankState.WAITING]
+        return waits
+
+    def _thread_waits(self, rank: int) -> list[list[int]]:
+        """What each waiting thread of ``rank`` needs, its main thread first."""
+        slot = self._slots[rank]
+        lists = []
+        if slot.state is RankState.WAITING and slot.waiting_on is not None:
+            lists.append(list(slot.waiting_on.needed_ranks()))
+        lists += [list(h.waiting_on.needed_ranks()) for h in slot.helpers if h.waiting_on is not None]
+        return lists
+
+    def _settle_threads_locked(self, ranks: list[int], stuck: set[int]) -> None:
+        """Ranks that still run (a helper or the main thread does) may have
+        single threads that can never complete: waiting on a peer that has
+        left or on a closed set of blocked ranks. Only those threads hear it."""
+        for r in ranks:
+            slot = self._slots[r]
+            threads: list[tuple[HelperSlot | None, Waitable]] = []
+            if slot.state is RankState.WAITING and slot.waiting_on is not None:
+                threads.append((None, slot.waiting_on))
+            threads += [(h, h.waiting_on) for h in slot.helpers if h.waiting_on is not None]
+            for helper, waitable in threads:
+                bad = sorted(p for p in waitable.needed_ranks()
+                             if p != r and (p in stuck or p in self._gone))
+                if not bad:
+                    continue
+                failed = [p for p in bad if self._slots[p].state is RankState.FAILED]
+                who = "its main thread" if helper is None else f"its helper thread {helper.name!r}"
+                if failed:
+                    root = self._slots[failed[0]].root_failure
+                    root = failed[0] if root is None else root
+                    error: BaseException = PeerFailedError(
+                        f"released: rank {r} ({self._describe_rank(r)}), {who}, waits in "
+                        f"{waitable.describe()}, which needs rank {root} "
+                        f"({self._describe_rank(root)}), which failed with {self._slots[root].failure}")
+                    error.simdist_origin = root  # type: ignore[attr-defined]
+                else:
+                    error = DeadlockError(self.report(
+                        f"deadlock: rank {r}, {who}, waits in {waitable.describe()}, which needs "
+                        f"rank(s) {bad}: finished, or blocked for good"))
+                    if self.deadlock is None:
+                        self.deadlock = error
+                    self._record_locked(r, error)
+                self._interrupt_thread_locked(r, helper, error)
+
+    def _interrupt_thread_locked(self, rank: int, helper: HelperSlot | None,
+                                 error: BaseException) -> None:
+        if helper is None:
+            slot = self._slots[rank]
+            slot.state = RankState.RUNNING
+            slot.waiting_on = None
+            self._running += 1
+            if self._policy is not None:
+                self._policy.push(rank)
+                if self._holder is None:  # found from a helper thread, the token idle
+                    self._hand_token_locked()
+            slot.interrupt = error
+            slot.parker.unpark()
+            return
+        if helper.waiting_on is not None:
+            helper.waiting_on = None
+            self._helper_waits -= 1
+        helper.interrupt = error
+        helper.parker.unpark()
 
     def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
         """For each stuck rank, the failed rank it waits on (transitively), if any."""
@@ -776,7 +1068,13 @@ class Scheduler:
             if self._policy is not None:
                 self._policy.push(rank)
         slot.interrupt = error
+        if self._policy is not None and self._holder is None:
+            self._hand_token_locked()  # found from a helper thread, the token idle
         slot.parker.unpark()
+        # Every thread of a rank that can never complete is stuck too.
+        for helper in slot.helpers:
+            if helper.waiting_on is not None:
+                self._interrupt_thread_locked(rank, helper, _copy_error(error))
 
     def report(self, headline: str) -> str:
         """Every rank's state, pending call and user stack (call with the lock held)."""
@@ -795,6 +1093,13 @@ class Scheduler:
                 lines.extend("      " + s for s in stacks.user_stack(frame))
             else:
                 lines.append(f"  rank {rank} ({where}): {slot.state.value}")
+            for helper in slot.helpers:
+                w = helper.waiting_on
+                lines.append(f"    helper thread {helper.name!r}: "
+                             + ("running" if w is None else f"waiting in {w.describe()}"))
+                if w is not None:
+                    frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
+                    lines.extend("        " + s for s in stacks.user_stack(frame))
         unmatched = [
             op for q in list(self._sends.values()) + list(self._recvs.values()) for op in q
         ]

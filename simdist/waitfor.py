@@ -39,6 +39,44 @@ def cannot_complete(graph: dict[int, list[int]], running: Callable[[int], bool])
     return set(graph) - can
 
 
+def cannot_complete_threads(waits: dict[int, list[list[int]]],
+                            running: Callable[[int], bool]) -> set[int]:
+    """Like ``cannot_complete`` for ranks with several threads (helper
+    threads a rank started). ``waits`` maps each rank whose every live thread
+    waits to the ranks each of those threads needs. A rank can complete as
+    soon as any one of its threads can (that thread then runs on); a thread
+    can complete only if every rank it needs runs or can complete. With one
+    thread per rank this is exactly ``cannot_complete``."""
+    if all(len(lists) == 1 for lists in waits.values()):
+        return cannot_complete({r: lists[0] for r, lists in waits.items()}, running)
+    blockers: dict[tuple[int, int], int] = {}
+    dependents: dict[int, list[tuple[int, int]]] = {}
+    ready: list[int] = []
+    for r, lists in waits.items():
+        for i, needed in enumerate(lists):
+            key = (r, i)
+            blockers[key] = 0
+            for p in set(needed):
+                if p in waits:
+                    blockers[key] += 1
+                    dependents.setdefault(p, []).append(key)
+                elif not running(p):
+                    blockers[key] = -len(blockers) - len(waits) - 1  # never
+            if blockers[key] == 0:
+                ready.append(r)
+    can: set[int] = set()
+    while ready:
+        r = ready.pop()
+        if r in can:
+            continue
+        can.add(r)
+        for key in dependents.get(r, ()):
+            blockers[key] -= 1
+            if blockers[key] == 0 and key[0] not in can:
+                ready.append(key[0])
+    return set(waits) - can
+
+
 def deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone: set[int],
                        all_wait: bool) -> str:
     """Name the cycle (or the departed peers) that makes ``deadlocked`` stuck."""

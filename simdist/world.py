@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import c10d_state, comm_stats, stacks
+from . import c10d_state, comm_stats, helpers, stacks
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -35,7 +35,7 @@ from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, c
 from .layout import Layout
 from .overlap import check_members_disjoint
 from .policy import make_policy
-from .rank_state import RankStates
+from .rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
 from .store import RankStore
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
@@ -68,7 +68,8 @@ class World:
         # Unscheduled, every rank shares the process's state as it always did.
         self.states = RankStates(world_size, rank_local) if policy is not None else None
         self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done, policy,
-                                   self.states.switch_to if self.states else lambda rank: None)
+                                   self._resume if self.states else lambda rank: None,
+                                   release_process)
         self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
         self.store.set_timeout(timedelta(seconds=timeout))
         self._groups: dict[str, GroupInfo] = {}
@@ -76,6 +77,17 @@ class World:
         # The world group's global -> group rank map, the identity: one for
         # every rank instead of a copy each (O(world) memory per rank).
         self.world_rank_map = {r: r for r in range(world_size)}
+        # Exceptions that escaped a rank's helper threads, per rank: the rank
+        # fails with the first once its body has returned (never swallowed).
+        self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}
+
+    def helper_failed(self, rank: int, name: str, exc: BaseException) -> None:
+        with self._groups_lock:
+            self.helper_failures.setdefault(rank, []).append((name, exc))
+
+    def _resume(self, rank: int) -> None:
+        assert self.states is not None
+        self.states.switch_to(rank, lambda: self.scheduler.aborted)
 
     def describe_rank(self, rank: int) -> str:
         if self.layout is None:
@@ -281,6 +293,8 @@ def run(
     ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
     unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
     """
+    # The watchdog's clock starts now: building inputs and starting threads count.
+    called_at = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     layout, n = _resolve_world(layout, world_size)
@@ -298,11 +312,19 @@ def run(
         raise TypeError(f"share_args must be True or False, got {share_args!r}")
     inputs = _rank_inputs(tuple(args), kwargs, n, share_args)
     counting = comm_stats.active()
-    world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
-                  keep_trace=trace is not None or bool(counting), flight_records=flight_records,
-                  schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
-                  rank_local=rank_local)
+    # A rank that starts a run of its own (nested) lets that run's ranks
+    # execute, and its world take the caller's state, while it waits.
+    suspended = suspend_process()
+    try:
+        world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
+                      keep_trace=trace is not None or bool(counting), flight_records=flight_records,
+                      schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
+                      rank_local=rank_local)
+    except BaseException:
+        resume_process(suspended)
+        raise
     run_name = _name_run(fn)
+    run_id = c10d_state.new_run_id()
 
     register_backend()
     results: list[Any] = [None] * n
@@ -312,13 +334,24 @@ def run(
     # thread as stopped when a join() on it is interrupted (Ctrl-C), so
     # is_alive() cannot be trusted to find the ranks still to take down.
     exited = [threading.Event() for _ in range(n)]
+    # Bodies start once every rank thread has: a rank that computes from the
+    # start must not slow the start of the others (with 32 busy ranks, starting
+    # threads took many times the watchdog's timeout).
+    go = threading.Event()
 
     def rank_main(rank: int) -> None:
+        # Threads the body starts are not daemons by default, as in a process
+        # whose main thread starts them; the rank thread itself stays a daemon
+        # for the interpreter (its flag was read when it started).
+        threading.current_thread()._daemonic = False  # type: ignore[attr-defined]
         bind_current(world, rank)
         world.scheduler.bind_thread(rank)
-        c10d_state.enter_rank_thread()
         try:
+            c10d_state.enter_thread(c10d_state.new_rank_state(run_id, rank))
+            go.wait()
             world.scheduler.acquire(rank)
+            if world.scheduler.aborted is not None:  # interrupted before its body began
+                raise world.scheduler.aborted
             # Autograd would run CUDA backward on its device threads, which have
             # no rank; keep backward on the rank's own thread.
             with torch.autograd.set_multithreading_enabled(False):
@@ -333,34 +366,47 @@ def run(
                 )
                 rank_args, rank_kwargs = inputs[rank]
                 results[rank] = fn(ctx, *rank_args, **rank_kwargs)
+                _end_helpers(world, rank, body_ok=True)
             world.scheduler.rank_finished(rank)
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             failures[rank] = exc
-            world.scheduler.rank_failed(rank, exc)
+            try:
+                _end_helpers(world, rank, body_ok=False)
+            finally:
+                world.scheduler.rank_failed(rank, exc)
         finally:
+            release_process()
             c10d_state.leave_rank_thread()
             bind_current(None)
             exited[rank].set()
 
     c10d_state.install()
+    helpers.install()
     timed_out: str | None = None
     try:
         starter = TreeStart(n, rank_main, lambda r: f"simdist-rank-{r}")
         threads = starter.threads
         for t, done in zip(threads, exited):
             t.simdist_exited = done  # type: ignore[attr-defined]
+            t._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
         try:
             starter.start()
+            go.set()
             world.scheduler.begin()
-            timed_out = _join_all(threads, world, float(timeout))
-        except BaseException:
+            timed_out = _join_all(threads, world, called_at + float(timeout), float(timeout))
+        except BaseException as exc:
             # Ctrl-C (or any error) in the caller: take the ranks down before
             # the per-thread c10d state is removed from under them.
-            _interrupt(threads, world, SimulationError("run() was interrupted"))
+            go.set()
+            still = _interrupt(threads, world, SimulationError("run() was interrupted"))
+            if still and hasattr(exc, "add_note"):
+                exc.add_note(_stuck_report(still, "run() was interrupted"))
             raise
     finally:
         if world.states is not None:
             world.states.restore_caller()
+        resume_process(suspended)
+        helpers.uninstall()
         c10d_state.uninstall()
         # A group object can outlive its run (returned from the body, kept in a
         # global): calls on it must fail at once, not wait for ranks that are gone.
@@ -391,6 +437,43 @@ def _share_world_rank_map(world: World) -> None:
     ranks = c10d._world.pg_group_ranks
     if default in ranks and len(ranks[default]) == world.world_size:
         ranks[default] = world.world_rank_map
+
+
+def _end_helpers(world: World, rank: int, body_ok: bool) -> None:
+    """A rank's end, as a process's: wait for its non-daemon helper threads
+    (a wait in simdist, so deadlocks among them are found), stop daemon ones
+    (a process's exit would kill them), and fail with what a helper raised.
+    A rank that failed stops all its helpers. A helper that cannot be stopped
+    is reported by name and stack."""
+    scheduler = world.scheduler
+    helpers.shut_down_pools(scheduler, rank)
+    if body_ok:
+        waitable = scheduler.helpers_waitable(rank)
+        if waitable is not None:
+            scheduler.wait(rank, waitable)
+    failed = list(world.helper_failures.get(rank, ()))  # before stopping any
+    left = scheduler.live_helpers(rank)
+    for helper in left:
+        # An idle pool worker leaves by itself now that its pool is shut down.
+        if helper.thread_id is not None and not helper.idle:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError))
+    grace = time.monotonic() + _GRACE_S
+    while left and time.monotonic() < grace:
+        time.sleep(0.005)
+        left = scheduler.live_helpers(rank)
+    if left and body_ok:
+        frames = sys._current_frames()
+        lines = [f"rank {rank}'s body returned, but {len(left)} daemon helper thread(s) it started "
+                 f"could not be stopped within {_GRACE_S:g} s (blocked in native code, or "
+                 f"catching the interrupt):"]
+        for helper in left:
+            lines.append(f"  {helper.name}:")
+            lines.extend("      " + s for s in stacks.user_stack(frames.get(helper.thread_id or -1)))
+        raise SimulationError("\n".join(lines))
+    if failed and body_ok:
+        name, exc = failed[0]
+        raise exc
 
 
 def _rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int,
@@ -430,12 +513,13 @@ def _check_trace_path(trace: str | os.PathLike[str]) -> None:
         raise PermissionError(f"trace={path!r}: its directory is not writable")
 
 
-def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> str | None:
-    """Join every rank thread; on the watchdog's expiry interrupt the stuck ones.
+def _join_all(threads: list[threading.Thread], world: World, deadline: float,
+              timeout: float) -> str | None:
+    """Join every rank thread; at the watchdog's ``deadline`` (``timeout``
+    seconds after ``run`` was called) interrupt the stuck ones.
 
     Returns the watchdog report when it fired, else None.
     """
-    deadline = time.monotonic() + timeout
     for t in threads:
         _join(t, max(0.0, deadline - time.monotonic()))
     alive = [t for t in threads if _alive(t)]
@@ -445,6 +529,11 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
     # Scheduled, a rank that never got the run token back did not hang: the
     # rank holding it did (or a rank the holder waits on outside simdist).
     queued = world.scheduler.queued_ranks()
+    # Stop the ranks first, describe them after (from the frames taken at the
+    # deadline): formatting stacks while dozens of busy ranks fight for the
+    # GIL took many times the timeout itself.
+    _signal(alive, world, SimulationTimeout(
+        f"watchdog: the run was still going {timeout:g} s after run() was called"))
     running = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
     lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
     stalled = sorted(r for r in queued if _alive(threads[r]))
@@ -456,30 +545,54 @@ def _join_all(threads: list[threading.Thread], world: World, timeout: float) -> 
         lines.append(f"  rank {rank} ({world.describe_rank(rank)}):")
         lines.extend("      " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
     report = "\n".join(lines)
-    still = _interrupt(alive, world, SimulationTimeout(report))
+    still = _wait_for(alive)
     if still:
-        report += (f"\n  could not interrupt {still} within {_GRACE_S:g} s (blocked in native code, "
-                   f"or catching the interrupt); they are left running as daemon threads")
+        report += "\n" + _stuck_report(still, "the watchdog fired")
     return report
 
 
-def _interrupt(threads: list[threading.Thread], world: World, error: SimulationError) -> list[str]:
+def _stuck_report(still: list[threading.Thread], why: str) -> str:
+    """Name the threads nothing could stop, with where they are stuck."""
+    frames = sys._current_frames()
+    lines = [f"  after {why}, {len(still)} thread(s) could not be interrupted within {_GRACE_S:g} s "
+             f"(blocked in native code such as a lock or Event wait, or catching the interrupt); "
+             f"they are left running as daemon threads. Their groups are closed and "
+             f"their c10d names are their own, so they cannot disturb the caller or "
+             f"a later run, but they keep their memory and CPU until they return:"]
+    for t in still:
+        lines.append(f"    {t.name}:")
+        lines.extend("        " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
+    return "\n".join(lines)
+
+
+def _interrupt(threads: list[threading.Thread], world: World,
+               error: SimulationError) -> list[threading.Thread]:
     """Abort the world, raise ``error``'s type in running ranks, join them.
 
-    Returns the names of threads that did not stop within the grace period.
+    Returns the threads that did not stop within the grace period.
     """
+    _signal(threads, world, error)
+    return _wait_for(threads)
+
+
+def _signal(threads: list[threading.Thread], world: World, error: SimulationError) -> None:
     world.scheduler.abort(error)
-    for t in threads:
+    idents = [t.ident for t in threads if _alive(t) and t.ident is not None]
+    # Helper threads too: a rank waits for its helpers before it ends.
+    for rank in range(world.world_size):
+        idents += [h.thread_id for h in world.scheduler.live_helpers(rank)
+                   if h.thread_id and not h.idle]  # idle pool workers leave at their rank's end
+    for ident in idents:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
-        if _alive(t) and t.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(t.ident), ctypes.py_object(type(error))
-            )
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(type(error)))
+
+
+def _wait_for(threads: list[threading.Thread]) -> list[threading.Thread]:
     grace = time.monotonic() + _GRACE_S
     for t in threads:
         _join(t, max(0.0, grace - time.monotonic()))
-    return [t.name for t in threads if _alive(t)]
+    return [t for t in threads if _alive(t)]
 
 
 def _alive(t: threading.Thread) -> bool:
@@ -489,8 +602,8 @@ def _alive(t: threading.Thread) -> bool:
 
 def _join(t: threading.Thread, timeout: float) -> None:
     done = getattr(t, "simdist_exited", None)
-    if t.ident is None:
-        return  # never started (the OS refused a thread): nothing to join
+    if not t.ident:
+        return  # never started (the OS refused a thread, or interrupted while starting)
     if done is None:
         t.join(timeout)
     elif done.wait(timeout):

@@ -1,0 +1,205 @@
+"""Helper threads belong to the rank that starts them.
+
+On a cluster a rank is a process, and every thread it starts sees that
+process's torch.distributed state. While simulations run, ``Thread.start``
+called from a rank's thread (its body, or a helper of it; ThreadPoolExecutor
+workers included, since the executor starts them on first ``submit``) makes
+the new thread part of that rank: bound to the rank's world (its collectives
+are the rank's calls), on the rank's c10d state (``is_initialized()``,
+``get_rank()``, the default group), and known to the scheduler, which counts
+a rank blocked only when its main thread and every live helper wait.
+
+Helpers do not take the run token: they run alongside whichever rank holds
+it. Joining a helper (``Thread.join()``) or waiting on a ``Future``
+(``result()``/``exception()`` without a timeout) from a rank is a wait in
+simdist, so it gives up the token and the deadlock check sees it.
+
+The patches are installed for the duration of runs only; threads started
+outside any rank are untouched.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.thread
+import threading
+from typing import Any
+
+from . import backend, c10d_state
+from .errors import SimulationError
+from .rendezvous import HelperSlot, Scheduler, ThreadExit
+
+_lock = threading.Lock()
+_installs = 0
+_originals: dict[str, Any] = {}
+
+
+def _owner() -> tuple[Any, int] | None:
+    world = getattr(backend._current, "world", None)
+    if world is None:
+        return None
+    return world, backend._current.rank
+
+
+def _start(self: threading.Thread) -> None:
+    owner = _owner()
+    if owner is None or getattr(self, "_simdist_helper", None) is not None:
+        return _originals["start"](self)
+    world, rank = owner
+    scheduler: Scheduler = world.scheduler
+    state = c10d_state.current_state()
+    executor = None
+    if getattr(self, "_target", None) is concurrent.futures.thread._worker:
+        executor = self._args[0]  # type: ignore[attr-defined]  # a weak reference
+    helper = scheduler.add_helper(rank, self.name, self.daemon, executor)
+    self._simdist_helper = (scheduler, rank, helper)  # type: ignore[attr-defined]
+    body = self.run
+
+    def run_as_rank() -> None:
+        backend.bind_current(world, rank)
+        c10d_state.enter_thread(state)
+        scheduler.bind_helper(helper)
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 - reported as the rank's failure
+            world.helper_failed(rank, helper.name, exc)
+        finally:
+            # A stop request (an async exception: the rank ended, the watchdog)
+            # may land here, after the body: clean-up is idempotent, retried.
+            for _ in range(100):
+                try:
+                    scheduler.remove_helper(rank, helper)
+                    c10d_state.enter_thread(None)
+                    backend.bind_current(None)
+                    break
+                except SimulationError:
+                    continue
+
+    self.run = run_as_rank  # type: ignore[method-assign]
+    try:
+        _originals["start"](self)
+    except BaseException:
+        scheduler.remove_helper(rank, helper)
+        raise
+
+
+def _join(self: threading.Thread, timeout: float | None = None) -> None:
+    info = getattr(self, "_simdist_helper", None)
+    owner = _owner()
+    if info is not None and owner is not None and timeout is None:
+        scheduler, rank, helper = info
+        world, me = owner
+        if world.scheduler is scheduler and me == rank and self is not threading.current_thread():
+            scheduler.wait(rank, scheduler.join_waitable(rank, helper))
+    return _originals["join"](self, timeout)
+
+
+def _submit(self: concurrent.futures.ThreadPoolExecutor, fn: Any, /, *args: Any,
+            **kwargs: Any) -> concurrent.futures.Future:
+    """A work item submitted by a rank keeps the rank unblocked until a
+    worker starts it; the worker is busy while it runs it."""
+    owner = _owner()
+    if owner is None:
+        return _originals["submit"](self, fn, *args, **kwargs)
+    world, rank = owner
+    scheduler: Scheduler = world.scheduler
+    started: list[Any] = []
+
+    def item(*a: Any, **k: Any) -> Any:
+        started.append(scheduler.item_started(rank))  # the worker's slot
+        return fn(*a, **k)
+
+    def done(f: concurrent.futures.Future) -> None:
+        # Runs on the worker once the result is set (a waiter on the future
+        # no longer needs the rank), or on whoever cancelled it.
+        if not started:
+            scheduler.item_started(rank, dropped=True)
+        else:
+            scheduler.item_finished(started[0])
+
+    scheduler.item_queued(rank)
+    try:
+        future = _originals["submit"](self, item, *args, **kwargs)
+    except BaseException:
+        scheduler.item_started(rank, dropped=True)
+        raise
+    future.add_done_callback(done)
+    return future
+
+
+def shut_down_pools(scheduler: Scheduler, rank: int) -> None:
+    """As a process's exit does: executors whose workers belong to ``rank``
+    stop taking work, and their idle workers leave."""
+    for helper in scheduler.live_helpers(rank):
+        executor = helper.executor() if helper.executor is not None else None
+        if executor is not None:
+            executor.shutdown(wait=False)
+        if helper.executor is not None:
+            scheduler.helper_woken(helper)
+
+
+class _FutureDone(ThreadExit):
+    """A wait on a Future, assumed completed by the rank's own threads; once
+    the Future is done it needs nobody (its callbacks may still be running)."""
+
+    def __init__(self, rank: int, future: concurrent.futures.Future) -> None:
+        super().__init__(rank, "a concurrent.futures.Future of this rank")
+        self.future = future
+
+    def needed_ranks(self) -> Any:
+        return () if self.done or self.future.done() else (self.rank,)
+
+
+def _future_wait(future: concurrent.futures.Future, timeout: float | None) -> None:
+    owner = _owner()
+    if owner is None or timeout is not None or future.done():
+        return
+    world, rank = owner
+    scheduler: Scheduler = world.scheduler
+    waitable = _FutureDone(rank, future)
+    future.add_done_callback(lambda _: scheduler.complete(rank, waitable))
+    scheduler.wait(rank, waitable)
+
+
+def _result(self: concurrent.futures.Future, timeout: float | None = None) -> Any:
+    _future_wait(self, timeout)
+    return _originals["result"](self, timeout)
+
+
+def _exception(self: concurrent.futures.Future, timeout: float | None = None) -> Any:
+    _future_wait(self, timeout)
+    return _originals["exception"](self, timeout)
+
+
+def install() -> None:
+    """Adopt helper threads of ranks (runs nest and overlap: counted)."""
+    global _installs
+    with _lock:
+        if _installs == 0:
+            _originals.update(start=threading.Thread.start, join=threading.Thread.join,
+                              result=concurrent.futures.Future.result,
+                              exception=concurrent.futures.Future.exception,
+                              submit=concurrent.futures.ThreadPoolExecutor.submit)
+            threading.Thread.start = _start  # type: ignore[method-assign]
+            threading.Thread.join = _join  # type: ignore[method-assign]
+            concurrent.futures.Future.result = _result  # type: ignore[method-assign]
+            concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]
+            concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
+        _installs += 1
+
+
+def uninstall() -> None:
+    global _installs
+    with _lock:
+        _installs -= 1
+        if _installs == 0:
+            threading.Thread.start = _originals["start"]  # type: ignore[method-assign]
+            threading.Thread.join = _originals["join"]  # type: ignore[method-assign]
+            concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]
+            concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]
+            concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]
+            _originals.clear()
+
+
+def helper_ids(helpers: list[HelperSlot]) -> list[int]:
+    return [h.thread_id for h in helpers if h.thread_id is not None]
