@@ -173,14 +173,19 @@ def late_import_body(ctx: simdist.RankContext, name: str) -> tuple[int, list[int
     return state.OWNER, list(state.SEEN)
 
 
-def test_a_watched_module_imported_inside_a_rank_is_still_per_rank(tmp_path, monkeypatch) -> None:
-    name = "simdist_late_state_pkg"
-    (tmp_path / f"{name}.py").write_text(
+def _write_init_once_module(folder, name: str, monkeypatch) -> None:
+    """A module whose ``init`` refuses a second call, importable as ``name``."""
+    (folder / f"{name}.py").write_text(
         "OWNER = None\nSEEN = []\n"
         "def init(rank):\n    global OWNER\n"
         "    if OWNER is not None:\n        raise RuntimeError('already initialized')\n"
         "    OWNER = rank\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(folder))
+
+
+def test_a_watched_module_imported_inside_a_rank_is_still_per_rank(tmp_path, monkeypatch) -> None:
+    name = "simdist_late_state_pkg"
+    _write_init_once_module(tmp_path, name, monkeypatch)
     monkeypatch.setattr(defaults, "MEGATRON_MODULES", (name,))
     monkeypatch.delitem(sys.modules, name, raising=False)
     try:
@@ -197,12 +202,7 @@ def test_a_watched_module_imported_inside_a_rank_is_still_per_rank(tmp_path, mon
 
 def test_a_module_imported_inside_a_rank_without_the_hook_is_shared(tmp_path, monkeypatch) -> None:
     name = "simdist_late_state_unwatched"
-    (tmp_path / f"{name}.py").write_text(
-        "OWNER = None\nSEEN = []\n"
-        "def init(rank):\n    global OWNER\n"
-        "    if OWNER is not None:\n        raise RuntimeError('already initialized')\n"
-        "    OWNER = rank\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_init_once_module(tmp_path, name, monkeypatch)
     try:
         with pytest.raises(simdist.RankError, match="already initialized"):
             simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT)
