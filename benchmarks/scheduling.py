@@ -7,6 +7,9 @@ column alike):
   schedule="concurrent" (free-running rank threads, no per-rank process state:
   how simdist ran before the run token), "rank" and "random";
 * the ratio of each scheduled mode to the concurrent one;
+* a compute-heavy step (matmuls that release the GIL, then a small
+  all_reduce) under each schedule, with one intra-op thread per rank as
+  torchrun gives each process: where letting every rank run at once pays;
 * the cost of one state swap (torch, random, numpy generators) on its own.
 
 Latencies are timed inside each rank after a warm-up; the slowest rank's mean
@@ -18,6 +21,7 @@ per call, median over repeats. Prints, never asserts.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -61,6 +65,23 @@ def ping_pong_body(ctx: simdist.RankContext, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
+def compute_body(ctx: simdist.RankContext, iters: int) -> float:
+    """Per step: four 384x384 matmuls (torch releases the GIL inside them),
+    then a small all_reduce, as a rank of a compute-bound training step."""
+    a = torch.randn(384, 384, generator=torch.Generator().manual_seed(ctx.rank))
+    t = torch.ones(8)
+    start = 0.0
+    for i in range(iters + 2):
+        if i == 2:
+            start = time.perf_counter()
+        b = a
+        for _ in range(4):
+            b = b @ a
+            b = b / b.norm()
+        dist.all_reduce(t)
+    return (time.perf_counter() - start) / iters
+
+
 def measure(body, n: int, iters: int, repeats: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {s: [] for s in SCHEDULES}
     for r in range(repeats):
@@ -89,13 +110,19 @@ def main() -> None:
     states.restore_caller()
     print(f"one state swap (torch + random + numpy generators): {fmt(swap)}\n")
 
-    for title, body in (("Small all_reduce (8 float32), per call", all_reduce_body),
-                        ("send/recv ping-pong between rank pairs (8 float32), per round trip", ping_pong_body)):
+    threads = torch.get_num_threads()
+    for title, body, iters in (
+        ("Small all_reduce (8 float32), per call", all_reduce_body, opts.iters),
+        ("send/recv ping-pong between rank pairs (8 float32), per round trip", ping_pong_body, opts.iters),
+        (f"Compute-heavy step (4 matmuls 384x384 + small all_reduce), one intra-op thread, "
+         f"{os.cpu_count()} CPUs, per step", compute_body, max(10, opts.iters // 10)),
+    ):
+        torch.set_num_threads(1 if body is compute_body else threads)
         print(title)
         print("ranks  concurrent       rank     random  rank/concurrent  random/concurrent")
         print("-----  ----------  ---------  ---------  ---------------  -----------------")
         for n in sizes:
-            m = measure(body, n, opts.iters, opts.repeats)
+            m = measure(body, n, iters, opts.repeats)
             print(f"{n:5d}  {fmt(m['concurrent']):>10}  {fmt(m['rank']):>9}  {fmt(m['random']):>9}  "
                   f"{m['rank'] / m['concurrent']:14.2f}x  {m['random'] / m['concurrent']:16.2f}x")
         print()
