@@ -208,7 +208,7 @@ class World:
                 raise call.injected
         first = calls[0].fingerprint
         if all(c.fingerprint == first for c in calls[1:]):
-            check_members_disjoint(calls[0].op, group.describe(), seq, calls)
+            check_members_disjoint(calls[0].op, group, seq, calls)
             return
         rows = []
         for c in calls:
