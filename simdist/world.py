@@ -207,7 +207,10 @@ class World:
             if call.injected is not None:
                 raise call.injected
         first = calls[0].fingerprint
-        if all(c.fingerprint == first for c in calls[1:]):
+        for c in calls:  # a plain loop: no generator on every collective
+            if c.fingerprint != first:
+                break
+        else:
             check_members_disjoint(calls[0].op, group, seq, calls)
             return
         rows = []
