@@ -62,7 +62,8 @@ class RankWorldState:
 
 def _routed(name: str, settable: bool = False) -> property:
     def get(self: "_ThreadRoutedWorld") -> Any:
-        return getattr(self._target(), name)
+        # _target() inlined: c10d reads these several times per collective.
+        return getattr(getattr(_tls, "state", None) or self._original, name)
 
     def set_(self: "_ThreadRoutedWorld", value: Any) -> None:
         setattr(self._target(), name, value)

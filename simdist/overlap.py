@@ -74,9 +74,15 @@ def _by_address(entry: tuple[Any, ...]) -> tuple[int, int]:
     return entry[0], entry[1]
 
 
-def check_members_disjoint(op: str, group_label: str, seq: int, calls: Sequence[Any]) -> None:
+def check_members_disjoint(op: str, group: Any, seq: int, calls: Sequence[Any]) -> None:
     """Raise ``BufferOverlapError`` when two members' buffers share memory and
-    at least one of them is written by the collective."""
+    at least one of them is written by the collective.
+
+    ``group`` is the communicator (its ``describe()`` names it in the error):
+    the label is only rendered when there is an error to report.
+    """
+    if len(calls) < 2:
+        return  # only buffers of different members can clash
     entries = [e for c in calls for e in _entries(c)]
     entries.sort(key=_by_address)
     last = len(entries) - 1
@@ -93,7 +99,7 @@ def check_members_disjoint(op: str, group_label: str, seq: int, calls: Sequence[
             a, b = calls[member], calls[member2]
             role = lambda w: "output" if w else "input"  # noqa: E731
             raise BufferOverlapError(
-                f"{op} on {group_label} seq {seq}: rank {a.rank}'s {role(written)} {name!r} "
+                f"{op} on {group.describe()} seq {seq}: rank {a.rank}'s {role(written)} {name!r} "
                 f"(at {a.site}) and rank {b.rank}'s {role(written2)} {name2!r} (at {b.site}) share "
                 f"memory. On a cluster every rank has its own memory, so this cannot happen there "
                 f"and here the result would depend on thread timing: give each rank its own "

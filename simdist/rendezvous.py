@@ -597,7 +597,8 @@ class Scheduler:
         """Add this rank's call; the last member to join runs ``complete``."""
         key = (group.name, seq)
         with self._lock:
-            self._raise_if_aborted(call.rank)
+            if self._abort is not None:  # _raise_if_aborted's own test, kept off the hot path
+                self._raise_if_aborted(call.rank)
             if group.name in self._aborted_groups:
                 raise _copy_error(self._aborted_groups[group.name])
             pending = self._pending.get(key)

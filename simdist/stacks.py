@@ -30,9 +30,13 @@ def _short(filename: str) -> str:
     return os.path.basename(filename) if rel.startswith("..") else rel
 
 
-# code object -> short file name of user code, or None for plumbing. Every
-# collective asks for its call site, so path work is done once per function.
-_site_cache: dict[object, str | None] = {}
+# id(code object) -> (the code object, short file name of user code or None
+# for plumbing). Every collective asks for its call site, so path work is done
+# once per function. Keyed by id because hashing a code object hashes its
+# contents on every lookup; the entry keeps the code object alive, so its id
+# cannot be reused by another one while the entry exists (and the identity
+# check below guards the lookup all the same).
+_site_cache: dict[int, tuple[object, str | None]] = {}
 
 
 def call_site(skip: int = 1) -> str:
@@ -42,11 +46,13 @@ def call_site(skip: int = 1) -> str:
         if frame is None:
             break
         code = frame.f_code
-        try:
-            short = _site_cache[code]
-        except KeyError:
+        entry = _site_cache.get(id(code))
+        if entry is not None and entry[0] is code:
+            short = entry[1]
+        else:
             filename = os.path.abspath(code.co_filename)
-            short = _site_cache[code] = _short(filename) if _is_user(filename) else None
+            short = _short(filename) if _is_user(filename) else None
+            _site_cache[id(code)] = (code, short)
         if short is not None:
             return f"{short}:{frame.f_lineno}"
         frame = frame.f_back

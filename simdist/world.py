@@ -207,8 +207,11 @@ class World:
             if call.injected is not None:
                 raise call.injected
         first = calls[0].fingerprint
-        if all(c.fingerprint == first for c in calls[1:]):
-            check_members_disjoint(calls[0].op, group.describe(), seq, calls)
+        for c in calls:  # a plain loop: no generator on every collective
+            if c.fingerprint != first:
+                break
+        else:
+            check_members_disjoint(calls[0].op, group, seq, calls)
             return
         rows = []
         for c in calls:
