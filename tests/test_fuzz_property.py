@@ -67,3 +67,15 @@ def test_case_files_round_trip_and_bad_files_are_named(tmp_path):
     missing_target = write_case(tmp_path, "tests/nowhere_at_all.py::test_p", {}, "E", "", {})
     with pytest.raises(CaseFileError, match="not found"):
         replay_case(missing_target)
+
+
+def test_the_progress_line_past_the_budget_says_what_the_workers_are_doing():
+    from simdist.fuzz._stats import CampaignStats, Failure
+    from simdist.fuzz._summary import progress_line
+
+    stats = CampaignStats()
+    assert "finishing" not in progress_line(stats, 30.0, 60.0, 2)
+    assert progress_line(stats, 61.0, 60.0, 2).endswith("(finishing the cases in hand)")
+    stats.failures.append(Failure("p", "AssertionError", "boom", {"x": 1}, True, 0, 1.0, 0, ""))
+    line = progress_line(stats, 61.0, 60.0, 2)
+    assert "failures 1" in line and line.endswith("(finishing: shrinking failures)")

@@ -20,7 +20,9 @@ def _short(nodeid: str) -> str:
 
 def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: int) -> str:
     rate = stats.cases / elapsed if elapsed > 0 else 0.0
-    phase = "" if elapsed <= budget else " (finishing: shrinking failures)"
+    # Past the budget, workers finish the case in hand, or shrink a failure.
+    phase = "" if elapsed <= budget else (
+        " (finishing: shrinking failures)" if stats.failures else " (finishing the cases in hand)")
     return (
         f"fuzz {elapsed:5.0f}/{budget:.0f} s  cases {stats.cases} ({rate:.1f}/s)  "
         f"layouts {len(stats.layouts)}  failures {len(stats.failures)}  workers {workers}{phase}"
