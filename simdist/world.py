@@ -67,11 +67,18 @@ class World:
                              "process-wide values cannot belong to one rank at a time")
         # Unscheduled, every rank shares the process's state as it always did.
         self.states = RankStates(world_size, rank_local) if policy is not None else None
-        self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done, policy,
-                                   self._resume if self.states else lambda rank: None,
-                                   release_process)
-        self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
-        self.store.set_timeout(timedelta(seconds=timeout))
+        try:
+            self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done, policy,
+                                       self._resume if self.states else lambda rank: None,
+                                       release_process)
+            self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
+            self.store.set_timeout(timedelta(seconds=timeout))
+        except BaseException:
+            # run() never gets to restore them: undo what RankStates set up
+            # (its import hook for modules first imported during a run).
+            if self.states is not None:
+                self.states.restore_caller()
+            raise
         self._groups: dict[str, GroupInfo] = {}
         self._groups_lock = threading.Lock()
         # The world group's global -> group rank map, the identity: one for

@@ -208,3 +208,18 @@ def test_a_module_imported_inside_a_rank_without_the_hook_is_shared(tmp_path, mo
             simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT)
     finally:
         sys.modules.pop(name, None)
+
+
+def test_a_world_that_fails_to_build_removes_the_import_hook(tmp_path, monkeypatch) -> None:
+    name = "simdist_late_state_never_run"
+    _write_init_once_module(tmp_path, name, monkeypatch)
+    monkeypatch.setattr(defaults, "MEGATRON_MODULES", (name,))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+    def refuse(*args, **kwargs):
+        raise MemoryError("no scheduler today")
+
+    monkeypatch.setattr(simdist.world, "Scheduler", refuse)
+    with pytest.raises(MemoryError, match="no scheduler today"):
+        simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT)
+    assert defaults._fresh_globals not in sys.meta_path
