@@ -90,13 +90,18 @@ def step_reference(tp: int, dp: int, pp: int) -> list[float]:
     return out
 
 
-def child_step(tp: int, dp: int, pp: int) -> dict[str, Any]:
+def _timed_layout_run(body: Any, tp: int, dp: int, pp: int) -> tuple[Any, list[Any], float]:
+    """Run ``body`` on Layout(tp, dp, pp): (layout, results, seconds, start-up included)."""
     import simdist
 
     layout = simdist.Layout(tp=tp, dp=dp, pp=pp)
     start = time.perf_counter()
-    results = simdist.run(step_body, layout=layout, timeout=900)
-    seconds = time.perf_counter() - start
+    results = simdist.run(body, layout=layout, timeout=900)
+    return layout, results, time.perf_counter() - start
+
+
+def child_step(tp: int, dp: int, pp: int) -> dict[str, Any]:
+    _, results, seconds = _timed_layout_run(step_body, tp, dp, pp)
     return {"seconds": seconds, "correct": results == step_reference(tp, dp, pp)}
 
 
@@ -173,12 +178,7 @@ def megatron_body(ctx: Any) -> int:
 
 
 def child_megatron(tp: int, dp: int, pp: int) -> dict[str, Any]:
-    import simdist
-
-    layout = simdist.Layout(tp=tp, dp=dp, pp=pp)
-    start = time.perf_counter()
-    results = simdist.run(megatron_body, layout=layout, timeout=900)
-    seconds = time.perf_counter() - start
+    layout, results, seconds = _timed_layout_run(megatron_body, tp, dp, pp)
     calls = layout.world_size * (len(layout.group_ranks("tp")) + len(layout.group_ranks("dp"))
                                  + len(layout.group_ranks("pp")))
     return {"seconds": seconds, "calls": calls, "correct": results == [3] * layout.world_size}
