@@ -110,18 +110,22 @@ def check_replicas_agree(case: DraftCase, results: list[StepResult], mode: str) 
                 )
 
 
-def replica_representatives(case: DraftCase) -> list[int]:
-    """The lowest rank of each set of DP replicas (same TP/CP/PP coordinates).
+def agreed_representatives(case: DraftCase, results_by_mode: Mapping[str, list[StepResult]]) -> list[int]:
+    """Check that DP replicas agree bitwise in every mode (``check_replicas_agree``),
+    then return the lowest rank of each set of replicas (same TP/CP/PP coordinates).
 
-    Once ``check_replicas_agree`` has passed, every other rank holds bitwise
-    the same gradients and parameters as its representative, and
-    ``check_ranks_agree`` the same metrics and grad norms as every rank, so a
-    comparison with an expectation that is the same for the replicas (the
-    float64 reference sharded by TP rank; the other mode's results, whose
-    replicas agree too) gives each replica its representative's outcome, and
-    the first failing rank in rank order is a representative. Comparing the
-    representatives alone checks exactly what comparing every rank checks.
+    Every other rank then holds bitwise the same gradients and parameters as its
+    representative, and ``check_ranks_agree`` the same metrics and grad norms as
+    every rank, so a comparison with an expectation that is the same for the
+    replicas (the float64 reference sharded by TP rank; the other mode's
+    results, whose replicas agree too) gives each replica its representative's
+    outcome, and the first failing rank in rank order is a representative.
+    Comparing the representatives alone checks exactly what comparing every
+    rank checks. The check and the list come together so that no caller can
+    judge ranks through representatives whose replicas were never compared.
     """
+    for mode, results in results_by_mode.items():
+        check_replicas_agree(case, results, mode)
     layout = case.layout
     first: dict[tuple[int, int, int], int] = {}
     for rank in range(layout.world_size):
@@ -142,7 +146,7 @@ def check_updates(case: DraftCase, results: list[StepResult], reference: Any,
     float32 parameter after the step carries at most 6e-8 x |p| of rounding,
     far below 1e-4 of the largest update. Returns the worst error / tolerance.
     bfloat16 is not judged here: rounding a parameter to 8 bits is as large as
-    the update itself. ``ranks``: those ranks only (see ``replica_representatives``).
+    the update itself. ``ranks``: those ranks only (see ``agreed_representatives``).
     """
     if case.dtype != "float32":
         return 0.0
@@ -205,7 +209,7 @@ def worst_ratio(
     """Largest ``error / allowed`` over everything ``check_against`` compares
     (1.0 is the tolerance): the figure ``hypothesis.target`` maximises.
     ``gradients=False`` leaves out the gradients and grad norms; ``ranks``:
-    those ranks only (see ``replica_representatives``)."""
+    those ranks only (see ``agreed_representatives``)."""
     layout = case.layout
     sample = expected(0)
     grad_scale = max((float(t.abs().max()) for t in sample.grads.values() if t.numel()), default=0.0) or 1.0
@@ -288,7 +292,7 @@ def check_params_and_metrics(case: DraftCase, results: list[StepResult], referen
                              rtol: float, atol_fraction: float, what: str,
                              ranks: Iterable[int] | None = None) -> None:
     """``check_against`` without gradients and grad norms (bfloat16 vs float64);
-    ``ranks``: those ranks only (see ``replica_representatives``)."""
+    ``ranks``: those ranks only (see ``agreed_representatives``)."""
     layout = case.layout
     param_scale = max((float(t.abs().max()) for t in reference.params.values() if t.numel()), default=0.0) or 1.0
     for rank in range(len(results)) if ranks is None else ranks:

@@ -27,6 +27,7 @@ from draft_loss.cotrain import CotrainWorker  # noqa: E402
 from draft_runs import (  # noqa: E402
     BAD_INPUT_MESSAGES,
     PEER_MESSAGE,
+    agreed_representatives,
     check_replicas_agree,
     cover,
     check_params_and_metrics,
@@ -34,7 +35,6 @@ from draft_runs import (  # noqa: E402
     fault_then_retry,
     gradients_judged_against_reference,
     rank_batch,
-    replica_representatives,
     run_bad_input,
     run_valid,
     steer,
@@ -59,14 +59,13 @@ def test_layout_invariance(case: DraftCase) -> None:
     (in bfloat16: parameters and metrics; see draft_runs.FUZZ_TOLERANCES)."""
     cover(**case.cover(), mode=case.mode, chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, (case.mode,))[case.mode]
-    check_replicas_agree(case, results, case.mode)
+    # DP replicas agree bitwise (checked here): comparing one of each checks them all.
+    ranks = agreed_representatives(case, {case.mode: results})
     check_ranks_agree(case.layout, results, case.mode)
     assert not results[0].skipped, f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
     reference = reference_of(case.config(), case.global_batch())
     rtol, atol = tolerance(case, "vs_reference")
     gradients = gradients_judged_against_reference(case)
-    # DP replicas agree bitwise (checked above): comparing one of each checks them all.
-    ranks = replica_representatives(case)
     steer(
         worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True,
                     gradients=gradients, ranks=ranks),
@@ -91,13 +90,12 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
     cover(**case.cover(), chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, ("monolithic", "split"))
     mono, split = results["monolithic"], results["split"]
+    # The replicas of either mode agree bitwise (checked here): comparing one of each checks them all.
+    ranks = agreed_representatives(case, results)
     for mode, per_rank in results.items():
-        check_replicas_agree(case, per_rank, mode)
         check_ranks_agree(case.layout, per_rank, mode)
         assert not per_rank[0].skipped, f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
     rtol, atol = tolerance(case, "split_vs_monolithic")
-    # The replicas of either mode agree bitwise (checked above): comparing one of each checks them all.
-    ranks = replica_representatives(case)
     steer(
         worst_ratio(case, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol, tp_sharded_expected=False,
                     ranks=ranks),

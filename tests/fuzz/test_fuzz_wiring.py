@@ -150,16 +150,16 @@ def test_the_reference_comparison_names_the_one_wrong_element(tiny_results, kind
 
 
 def test_a_replica_that_differs_is_caught_before_its_representative_stands_for_it(tiny_results) -> None:
-    from draft_runs import check_replicas_agree, check_updates, replica_representatives
+    from draft_runs import agreed_representatives, check_updates
 
     case, results, reference = tiny_results
-    representatives = replica_representatives(case)
+    representatives = agreed_representatives(case, {"split": results})
     assert representatives == [0, 1]  # tp=2, dp=2: DP rank 1 (global ranks 2, 3) is judged through DP rank 0
     name = next(iter(results[3].params))
     wrong = _with(results, 3, "params", name, 0, float(results[3].params[name].reshape(-1)[0]) + 1e-3)
-    check_replicas_agree(case, results, "split")
+    # The representatives come only with the agreement check: a drifted replica stops it.
     with pytest.raises(AssertionError, match=f"rank 3's param {name} differs from rank 1's"):
-        check_replicas_agree(case, wrong, "split")
+        agreed_representatives(case, {"monolithic": results, "split": wrong})
     assert check_updates(case, results, reference, ranks=representatives) <= 1.0
     with pytest.raises(AssertionError, match=f"rank 3 applied update of {name}"):
         check_updates(case, wrong, reference)
