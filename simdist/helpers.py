@@ -76,11 +76,29 @@ def _start(self: threading.Thread) -> None:
                     continue
 
     self.run = run_as_rank  # type: ignore[method-assign]
+    # The interpreter must never wait for a helper at exit: simdist waits for
+    # the rank's non-daemon helpers at the rank's end, and a helper it could
+    # not stop (blocked in C) would otherwise hang the test process's exit.
+    # The flag is read when the thread starts; the thread's own ``daemon``
+    # (what its children inherit, what the rank's end honours) is put back.
+    daemon = self._daemonic  # type: ignore[attr-defined]
+    self._daemonic = True  # type: ignore[attr-defined]
     try:
         _originals["start"](self)
     except BaseException:
         scheduler.remove_helper(rank, helper)
         raise
+    finally:
+        self._daemonic = daemon  # type: ignore[attr-defined]
+
+
+def forget_at_exit(thread_ids: set[int]) -> None:
+    """Pool workers simdist gave up on (blocked in C): concurrent.futures joins
+    every worker it knows at interpreter exit, which would hang on them."""
+    queues = concurrent.futures.thread._threads_queues  # type: ignore[attr-defined]
+    for thread in list(queues):
+        if thread.ident in thread_ids:
+            queues.pop(thread, None)
 
 
 def _join(self: threading.Thread, timeout: float | None = None) -> None:

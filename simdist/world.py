@@ -45,6 +45,9 @@ from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 DEFAULT_TIMEOUT_S = 300.0
 # After the watchdog interrupts stuck ranks, how long to wait for them to unwind.
 _GRACE_S = 5.0
+# A rank's own clean-up (stopping its helpers) ends this long before the
+# watchdog's deadline, so the rank's outcome is reported, not a timeout.
+_GRACE_MARGIN_S = 0.25
 
 
 class World:
@@ -58,6 +61,7 @@ class World:
         self.world_size = world_size
         self.reduction = reduction
         self.timeout = timeout
+        self.deadline = time.monotonic() + timeout  # the watchdog's; run() sets it from its call
         self.recorder = Recorder(world_size, keep=flight_records, keep_all=keep_trace)
         self.faults = FaultState(faults, layout, world_size) if faults else None
         policy = make_policy(schedule, schedule_seed)
@@ -333,6 +337,7 @@ def run(
     except BaseException:
         resume_process(suspended)
         raise
+    world.deadline = called_at + float(timeout)
     run_name = _name_run(fn)
     run_id = c10d_state.new_run_id()
 
@@ -376,12 +381,12 @@ def run(
                 )
                 rank_args, rank_kwargs = inputs[rank]
                 results[rank] = fn(ctx, *rank_args, **rank_kwargs)
-                _end_helpers(world, rank, body_ok=True)
+                _end_helpers(world, rank)
             world.scheduler.rank_finished(rank)
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             failures[rank] = exc
             try:
-                _end_helpers(world, rank, body_ok=False)
+                _end_helpers(world, rank, failure=exc)
             finally:
                 world.scheduler.rank_failed(rank, exc)
         finally:
@@ -449,15 +454,16 @@ def _share_world_rank_map(world: World) -> None:
         ranks[default] = world.world_rank_map
 
 
-def _end_helpers(world: World, rank: int, body_ok: bool) -> None:
+def _end_helpers(world: World, rank: int, failure: BaseException | None = None) -> None:
     """A rank's end, as a process's: wait for its non-daemon helper threads
     (a wait in simdist, so deadlocks among them are found), stop daemon ones
     (a process's exit would kill them), and fail with what a helper raised.
-    A rank that failed stops all its helpers. A helper that cannot be stopped
-    is reported by name and stack."""
+    A rank that failed (``failure``) stops all its helpers. A helper that
+    cannot be stopped is reported by name and stack: as the rank's failure,
+    or as a note on the failure it already has."""
     scheduler = world.scheduler
     helpers.shut_down_pools(scheduler, rank)
-    if body_ok:
+    if failure is None:
         waitable = scheduler.helpers_waitable(rank)
         if waitable is not None:
             scheduler.wait(rank, waitable)
@@ -468,20 +474,27 @@ def _end_helpers(world: World, rank: int, body_ok: bool) -> None:
         if helper.thread_id is not None and not helper.idle:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError))
-    grace = time.monotonic() + _GRACE_S
+    # Never past the run's watchdog: it would interrupt this clean-up and
+    # report a timeout instead of what the rank did.
+    grace = min(time.monotonic() + _GRACE_S, world.deadline - _GRACE_MARGIN_S)
     while left and time.monotonic() < grace:
         time.sleep(0.005)
         left = scheduler.live_helpers(rank)
-    if left and body_ok:
+    if left:
+        helpers.forget_at_exit({h.thread_id for h in left if h.thread_id is not None})
         frames = sys._current_frames()
-        lines = [f"rank {rank}'s body returned, but {len(left)} daemon helper thread(s) it started "
-                 f"could not be stopped within {_GRACE_S:g} s (blocked in native code, or "
-                 f"catching the interrupt):"]
+        lines = [f"rank {rank}'s {'body returned' if failure is None else 'body failed'}, but "
+                 f"{len(left)} helper thread(s) it started could not be stopped (blocked in "
+                 f"native code, or catching the interrupt); they are left running as daemon "
+                 f"threads:"]
         for helper in left:
             lines.append(f"  {helper.name}:")
             lines.extend("      " + s for s in stacks.user_stack(frames.get(helper.thread_id or -1)))
-        raise SimulationError("\n".join(lines))
-    if failed and body_ok:
+        if failure is None:
+            raise SimulationError("\n".join(lines))
+        if hasattr(failure, "add_note"):
+            failure.add_note("\n".join(lines))
+    if failed and failure is None:
         name, exc = failed[0]
         raise exc
 
