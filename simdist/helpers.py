@@ -51,6 +51,10 @@ def _start(self: threading.Thread) -> None:
     executor = None
     if getattr(self, "_target", None) is concurrent.futures.thread._worker:
         executor = self._args[0]  # type: ignore[attr-defined]  # a weak reference
+        if not _rank_owns(executor(), scheduler, rank):
+            # A worker of a pool created outside this rank (the caller's, a
+            # module's) is that pool's thread, not the rank's: left alone.
+            return _originals["start"](self)
     helper = scheduler.add_helper(rank, self.name, self.daemon, executor)
     self._simdist_helper = (scheduler, rank, helper)  # type: ignore[attr-defined]
     body = self.run
@@ -112,15 +116,34 @@ def _join(self: threading.Thread, timeout: float | None = None) -> None:
     return _originals["join"](self, timeout)
 
 
+def _init_executor(self: concurrent.futures.ThreadPoolExecutor, *args: Any, **kwargs: Any) -> None:
+    _originals["executor_init"](self, *args, **kwargs)
+    owner = _owner()
+    # Only a pool the rank created is the rank's: its workers are the rank's
+    # helpers, and the rank's end shuts it down, as a process's exit would.
+    self._simdist_owner = None if owner is None else (owner[0].scheduler, owner[1])  # type: ignore[attr-defined]
+
+
+def _rank_owns(executor: Any, scheduler: Scheduler, rank: int) -> bool:
+    owner = getattr(executor, "_simdist_owner", None)
+    return owner is not None and owner[0] is scheduler and owner[1] == rank
+
+
 def _submit(self: concurrent.futures.ThreadPoolExecutor, fn: Any, /, *args: Any,
             **kwargs: Any) -> concurrent.futures.Future:
-    """A work item submitted by a rank keeps the rank unblocked until a
-    worker starts it; the worker is busy while it runs it."""
+    """A work item submitted by a rank to its own pool keeps the rank
+    unblocked until a worker starts it; the worker is busy while it runs it.
+    Work given to a pool from outside the rank is that pool's business: a
+    wait on its Future is a plain wait (outside simdist)."""
     owner = _owner()
     if owner is None:
         return _originals["submit"](self, fn, *args, **kwargs)
     world, rank = owner
     scheduler: Scheduler = world.scheduler
+    if not _rank_owns(self, scheduler, rank):
+        future = _originals["submit"](self, fn, *args, **kwargs)
+        future._simdist_foreign = True  # type: ignore[attr-defined]
+        return future
     started: list[Any] = []
 
     def item(*a: Any, **k: Any) -> Any:
@@ -170,7 +193,7 @@ class _FutureDone(ThreadExit):
 
 def _future_wait(future: concurrent.futures.Future, timeout: float | None) -> None:
     owner = _owner()
-    if owner is None or timeout is not None or future.done():
+    if owner is None or timeout is not None or future.done() or getattr(future, "_simdist_foreign", False):
         return
     world, rank = owner
     scheduler: Scheduler = world.scheduler
@@ -197,7 +220,9 @@ def install() -> None:
             _originals.update(start=threading.Thread.start, join=threading.Thread.join,
                               result=concurrent.futures.Future.result,
                               exception=concurrent.futures.Future.exception,
-                              submit=concurrent.futures.ThreadPoolExecutor.submit)
+                              submit=concurrent.futures.ThreadPoolExecutor.submit,
+                              executor_init=concurrent.futures.ThreadPoolExecutor.__init__)
+            concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]
             threading.Thread.start = _start  # type: ignore[method-assign]
             threading.Thread.join = _join  # type: ignore[method-assign]
             concurrent.futures.Future.result = _result  # type: ignore[method-assign]
@@ -216,6 +241,7 @@ def uninstall() -> None:
             concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]
             concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]
             concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]
+            concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]
             _originals.clear()
 
 

@@ -319,3 +319,17 @@ def test_a_pool_never_shut_down_ends_with_its_rank(schedule: str) -> None:
                        schedule=schedule) == [6.0, 6.0, 6.0]
     time.sleep(0.1)
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
+def test_a_pool_created_outside_the_run_stays_its_owners() -> None:
+    # A module-level executor used by the ranks: its workers are not the ranks'
+    # helpers, and a rank's end must not shut the caller's pool down.
+    pool = ThreadPoolExecutor(1)
+    try:
+        def body(ctx):
+            return pool.submit(lambda r: 21 * r, ctx.rank + 1).result()
+
+        assert simdist.run(body, world_size=2, timeout=30) == [21, 42]
+        assert pool.submit(lambda: 7).result(timeout=10) == 7
+    finally:
+        pool.shutdown(wait=True)
