@@ -31,9 +31,10 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -259,7 +260,9 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def report(rows: list[Row], bandwidths: dict[int, float], cold_gloo: float | None, big_world: float | None) -> None:
+def report(
+    rows: list[Row], bandwidths: dict[int, float], cold_gloo: float | None, big_world: float | None
+) -> None:
     print()
     print(
         "memcpy bandwidth (read + write), copying each world's large-reduction inputs: "
@@ -272,7 +275,15 @@ def report(rows: list[Row], bandwidths: dict[int, float], cold_gloo: float | Non
     print(
         _table(
             ["ranks", "simdist", "gloo", "gloo/simdist"],
-            [[str(r.world_size), _fmt_time(r.start_sim), _fmt_time(r.start_gloo), _fmt_ratio(r.start_gloo, r.start_sim)] for r in rows],
+            [
+                [
+                    str(r.world_size),
+                    _fmt_time(r.start_sim),
+                    _fmt_time(r.start_gloo),
+                    _fmt_ratio(r.start_gloo, r.start_sim),
+                ]
+                for r in rows
+            ],
         )
     )
     print()
@@ -294,7 +305,9 @@ def report(rows: list[Row], bandwidths: dict[int, float], cold_gloo: float | Non
         )
     )
     print()
-    print(f"Large all_reduce ({LARGE_NUMEL} float32 = {LARGE_NUMEL * FLOAT32_BYTES >> 20} MiB per rank), per call")
+    print(
+        f"Large all_reduce ({LARGE_NUMEL} float32 = {LARGE_NUMEL * FLOAT32_BYTES >> 20} MiB per rank), per call"
+    )
     print(
         _table(
             ["ranks", "bandwidth bound", "simdist", "simdist/bound", "gloo", "gloo/simdist"],
@@ -320,15 +333,23 @@ def report(rows: list[Row], bandwidths: dict[int, float], cold_gloo: float | Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument("--sizes", default="2,4,8,32,64", help="world sizes, comma separated (default 2,4,8,32,64)")
-    parser.add_argument("--gloo-max", type=int, default=8, help="largest world size also run on gloo (default 8)")
+    parser.add_argument(
+        "--sizes", default="2,4,8,32,64", help="world sizes, comma separated (default 2,4,8,32,64)"
+    )
+    parser.add_argument(
+        "--gloo-max", type=int, default=8, help="largest world size also run on gloo (default 8)"
+    )
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo worlds")
     parser.add_argument("--no-large", action="store_true", help="skip the 1M-element all_reduce")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per world")
     parser.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help="torch intra-op threads in this process (simdist's ranks share them); default: torch's",
     )
     opts = parser.parse_args(argv)
@@ -375,14 +396,18 @@ def main(argv: list[str] | None = None) -> None:
         gloo_rows = [r for r in rows if r.world_size <= opts.gloo_max]
         if gloo_rows:
             # The first world starts the forkserver; later ones fork from it.
-            cold_gloo = _timed(lambda: run_processes(do_nothing, world_size=gloo_rows[0].world_size, timeout=opts.timeout))
+            cold_gloo = _timed(
+                lambda: run_processes(do_nothing, world_size=gloo_rows[0].world_size, timeout=opts.timeout)
+            )
         for row in gloo_rows:
             print(f"gloo, {row.world_size} ranks ...", flush=True)
             measure_gloo(row, gloo_small_iters, gloo_large_iters, repeats, opts.timeout)
 
     print("simdist, 64-rank world with tp/dp/pp groups ...", flush=True)
     big_world = statistics.median(
-        _timed(lambda: simdist.run(hundred_collectives, layout=Layout(tp=4, dp=4, pp=4), timeout=opts.timeout))
+        _timed(
+            lambda: simdist.run(hundred_collectives, layout=Layout(tp=4, dp=4, pp=4), timeout=opts.timeout)
+        )
         for _ in range(repeats)
     )
     report(rows, bandwidths, cold_gloo, big_world)

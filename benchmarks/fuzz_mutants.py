@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def catalogue() -> list[str]:
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "fuzz")]
-    spec = importlib.util.spec_from_file_location("fuzz_mutants_catalogue", ROOT / "tests" / "fuzz" / "mutants.py")
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_mutants_catalogue", ROOT / "tests" / "fuzz" / "mutants.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -42,33 +44,70 @@ def hunt(mutant: str, budget: float, seed: int, corpus: Path, workers: int) -> d
         report = Path(tmp) / "report.json"
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "simdist.cli", "fuzz", "--budget", str(budget), "--seed", str(seed),
-             "--workers", str(workers), "-x", "--database", str(Path(tmp) / "db"), "--corpus", str(corpus),
-             "--report", str(report), "--tag", f"mutant={mutant}"],
-            cwd=ROOT, capture_output=True, text=True, env={**os.environ, "DRAFT_LOSS_MUTANT": mutant},
+            [
+                sys.executable,
+                "-m",
+                "simdist.cli",
+                "fuzz",
+                "--budget",
+                str(budget),
+                "--seed",
+                str(seed),
+                "--workers",
+                str(workers),
+                "-x",
+                "--database",
+                str(Path(tmp) / "db"),
+                "--corpus",
+                str(corpus),
+                "--report",
+                str(report),
+                "--tag",
+                f"mutant={mutant}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DRAFT_LOSS_MUTANT": mutant},
         )
         wall = time.perf_counter() - start
         data = json.loads(report.read_text()) if report.exists() else {}
     failures = data.get("failures", [])
     first = failures[0] if failures else {}
     return {
-        "mutant": mutant, "exit": proc.returncode, "wall_s": wall, "cases": data.get("cases", 0),
+        "mutant": mutant,
+        "exit": proc.returncode,
+        "wall_s": wall,
+        "cases": data.get("cases", 0),
         "detected": proc.returncode == 1 and bool(failures),
-        "first_failing_s": first.get("first_failing_case_after_s"), "reported_s": first.get("found_after_s"),
-        "property": (first.get("property") or "").rsplit("::", 1)[-1], "case": first.get("case"),
-        "file": first.get("file"), "error": (first.get("error_type") or "") + ": " + (first.get("error") or "")[:160],
+        "first_failing_s": first.get("first_failing_case_after_s"),
+        "reported_s": first.get("found_after_s"),
+        "property": (first.get("property") or "").rsplit("::", 1)[-1],
+        "case": first.get("case"),
+        "file": first.get("file"),
+        "error": (first.get("error_type") or "") + ": " + (first.get("error") or "")[:160],
         "stderr_tail": proc.stderr[-1500:] if proc.returncode not in (0, 1) else "",
     }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mutants", default=None, help="comma-separated names (default: the whole catalogue)")
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per campaign (the default campaign's budget)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--mutants", default=None, help="comma-separated names (default: the whole catalogue)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=60.0, help="seconds per campaign (the default campaign's budget)"
+    )
     parser.add_argument("--seed", type=int, default=20261130)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--save-corpus", type=Path, default=None,
-                        help="write each shrunk case here (e.g. fixtures/regressions), tagged with its mutant")
+    parser.add_argument(
+        "--save-corpus",
+        type=Path,
+        default=None,
+        help="write each shrunk case here (e.g. fixtures/regressions), tagged with its mutant",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args()
     names = args.mutants.split(",") if args.mutants else catalogue()
@@ -81,8 +120,11 @@ def main() -> int:
             status = "caught" if row["detected"] else f"SURVIVED (exit {row['exit']})"
             first = f"{row['first_failing_s']:.1f} s" if row["first_failing_s"] is not None else "-"
             shrunk = f"{row['reported_s']:.1f} s" if row["reported_s"] is not None else "-"
-            print(f"{name:<40} {status:<10} first failing case {first:>7}  shrunk+reported {shrunk:>7}  "
-                  f"by {row['property'] or '-'}  ({row['cases']} cases, {row['wall_s']:.0f} s wall)", flush=True)
+            print(
+                f"{name:<40} {status:<10} first failing case {first:>7}  shrunk+reported {shrunk:>7}  "
+                f"by {row['property'] or '-'}  ({row['cases']} cases, {row['wall_s']:.0f} s wall)",
+                flush=True,
+            )
             if row["detected"]:
                 print(f"    case: {json.dumps(row['case'], sort_keys=True)}")
                 print(f"    {row['error']}")

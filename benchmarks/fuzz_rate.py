@@ -46,33 +46,59 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests")]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-import simdist  # noqa: E402
 from draft_cases import DraftCase  # noqa: E402
 from draft_runs import _modes_body  # noqa: E402
+
+import simdist  # noqa: E402
 
 LAYOUTS = [simdist.Layout(tp=2), simdist.Layout(tp=2, dp=2), simdist.Layout(tp=2, dp=2, pp=2)]
 # Modules a gloo world's processes import to unpickle the body: what the
 # "preloaded" forkserver imports once.
-BODY_MODULES = ["torch", "torch.distributed", "simdist.launch", "draft_runs", "cotrain_harness", "draft_cases"]
+BODY_MODULES = [
+    "torch",
+    "torch.distributed",
+    "simdist.launch",
+    "draft_runs",
+    "cotrain_harness",
+    "draft_cases",
+]
 
 
 def campaign(budget: float, workers: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
-            [sys.executable, "-m", "simdist.cli", "fuzz", "--budget", str(budget), "--workers", str(workers),
-             "--seed", "1", "--database", str(Path(tmp) / "db"), "--no-corpus", "--report", str(report)],
-            cwd=ROOT, capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "simdist.cli",
+                "fuzz",
+                "--budget",
+                str(budget),
+                "--workers",
+                str(workers),
+                "--seed",
+                "1",
+                "--database",
+                str(Path(tmp) / "db"),
+                "--no-corpus",
+                "--report",
+                str(report),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         data = json.loads(report.read_text())
         seconds: dict[str, float] = defaultdict(float)
@@ -85,10 +111,12 @@ def campaign(budget: float, workers: int) -> None:
                 cases[event["p"]] += event["cases"]
             if rounds:
                 ready.append(rounds[0]["t"] - rounds[0]["sec"])
-    print(f"1. default campaign: {data['cases']} cases in {data['elapsed_s']:.1f} s with {workers} worker(s) "
-          f"= {data['cases'] / data['elapsed_s']:.1f} cases/s (worker start-up included); "
-          f"{len(data['distinct_layouts'])} distinct layouts, {len(data['failures'])} failure(s); "
-          f"workers ready after {', '.join(f'{t:.1f}' for t in sorted(ready))} s")
+    print(
+        f"1. default campaign: {data['cases']} cases in {data['elapsed_s']:.1f} s with {workers} worker(s) "
+        f"= {data['cases'] / data['elapsed_s']:.1f} cases/s (worker start-up included); "
+        f"{len(data['distinct_layouts'])} distinct layouts, {len(data['failures'])} failure(s); "
+        f"workers ready after {', '.join(f'{t:.1f}' for t in sorted(ready))} s"
+    )
     for prop in sorted(seconds):
         rate = cases[prop] / seconds[prop] if seconds[prop] else 0.0
         print(f"   {prop.rsplit('::', 1)[-1]:<52} {cases[prop]:>6} cases {rate:8.1f} cases/s")
@@ -96,11 +124,30 @@ def campaign(budget: float, workers: int) -> None:
 
 def case_for(layout: simdist.Layout) -> DraftCase:
     seq, rows, micro = 6, 2, 2
-    masks = tuple(tuple(tuple(tuple(1.0 if (r + p + d) % 3 else 0.0 for p in range(seq)) for r in range(rows))
-                        for _ in range(micro)) for d in range(layout.dp))
-    return DraftCase(tp=layout.tp, dp=layout.dp, pp=layout.pp, microbatches=micro, seq_len=seq, masks=masks,
-                     vocab_size=8 * layout.tp, token_chunk_size=5, dtype="float32", bin_weights=(1.0, 0.5),
-                     single_bin=None, seed=3, reduction="rank", reduction_seed=0, clip=False)
+    masks = tuple(
+        tuple(
+            tuple(tuple(1.0 if (r + p + d) % 3 else 0.0 for p in range(seq)) for r in range(rows))
+            for _ in range(micro)
+        )
+        for d in range(layout.dp)
+    )
+    return DraftCase(
+        tp=layout.tp,
+        dp=layout.dp,
+        pp=layout.pp,
+        microbatches=micro,
+        seq_len=seq,
+        masks=masks,
+        vocab_size=8 * layout.tp,
+        token_chunk_size=5,
+        dtype="float32",
+        bin_weights=(1.0, 0.5),
+        single_bin=None,
+        seed=3,
+        reduction="rank",
+        reduction_seed=0,
+        clip=False,
+    )
 
 
 def _step_args(case: DraftCase):
@@ -125,10 +172,13 @@ def time_gloo(case: DraftCase, reps: int) -> tuple[float, float]:
     """(median seconds per case, median seconds of an empty world: start-up and teardown)."""
     layout = case.layout
     simdist.run_processes(_noop, layout=layout, backend="gloo", timeout=300)  # starts the forkserver
-    start = _median_time(lambda: simdist.run_processes(_noop, layout=layout, backend="gloo", timeout=300), reps)
+    start = _median_time(
+        lambda: simdist.run_processes(_noop, layout=layout, backend="gloo", timeout=300), reps
+    )
     args = _step_args(case)
     per_case = _median_time(
-        lambda: simdist.run_processes(_modes_body, layout=layout, args=args, backend="gloo", timeout=300), reps
+        lambda: simdist.run_processes(_modes_body, layout=layout, args=args, backend="gloo", timeout=300),
+        reps,
     )
     return per_case, start
 
@@ -139,10 +189,16 @@ def gloo_preloaded(reps: int) -> dict[str, list[float]]:
     # with (PYTHONPATH), not the caller's, and skips what it cannot import.
     env = dict(os.environ)
     folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests"), str(ROOT)]
-    env["PYTHONPATH"] = os.pathsep.join(folders + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        folders + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     out = subprocess.run(
         [sys.executable, __file__, "--gloo-preloaded-worker", "--reps", str(reps)],
-        cwd=ROOT, capture_output=True, text=True, check=False, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -234,7 +290,9 @@ class _FakeGroup(dist.ProcessGroup):
         self.fake_rank, self.fake_size = rank, size
 
 
-def _no_op_all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False) -> None:
+def _no_op_all_reduce(
+    tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False
+) -> None:
     # draft_loss's argument agreement gathers one int64 row per TP rank with a
     # SUM: every rank agreeing with this one keeps valid input valid.
     if tensor.dtype == torch.int64 and tensor.dim() == 2:
@@ -258,9 +316,14 @@ def compute_floor(case: DraftCase, reps: int) -> float:
     contexts = []
     for rank in range(layout.world_size):
         coords = layout.coords(rank)
-        groups = {axis: _FakeGroup(getattr(coords, axis), getattr(layout, axis)) for axis in ("tp", "cp", "dp", "pp")}
+        groups = {
+            axis: _FakeGroup(getattr(coords, axis), getattr(layout, axis))
+            for axis in ("tp", "cp", "dp", "pp")
+        }
         groups["dp_cp"] = _FakeGroup(coords.dp * layout.cp + coords.cp, layout.dp * layout.cp)
-        contexts.append(SimpleNamespace(rank=rank, layout=layout, coords=coords, groups=SimpleNamespace(**groups)))
+        contexts.append(
+            SimpleNamespace(rank=rank, layout=layout, coords=coords, groups=SimpleNamespace(**groups))
+        )
     fakes = {
         "all_reduce": _no_op_all_reduce,
         "send": lambda tensor, dst=None, group=None, **_: None,
@@ -292,11 +355,15 @@ def compute_floor(case: DraftCase, reps: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--budget", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads on simdist's side (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads on simdist's side (default 1)"
+    )
     parser.add_argument("--no-campaign", action="store_true")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--gloo-preloaded-worker", action="store_true", help=argparse.SUPPRESS)
@@ -305,15 +372,21 @@ def main() -> int:
         _gloo_preloaded_worker(max(1, args.reps // 2))
         return 0
     torch.set_num_threads(args.threads)
-    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"simdist side {torch.get_num_threads()} intra-op thread(s)")
+    print(
+        f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"simdist side {torch.get_num_threads()} intra-op thread(s)"
+    )
     if not args.no_campaign:
         campaign(args.budget, args.workers)
     gloo_reps = max(1, args.reps // 2)
     preloaded = {} if args.no_gloo else gloo_preloaded(gloo_reps)
-    print(f"2. one case (monolithic + split step on one world); simdist median of {args.reps}, gloo of {gloo_reps}")
-    print(f"   {'layout':<12} {'simdist':>9} {'gloo':>9} {'(start-up)':>10} {'gloo, preloaded':>16} "
-          f"{'(start-up)':>10} {'gloo/simdist':>13}")
+    print(
+        f"2. one case (monolithic + split step on one world); simdist median of {args.reps}, gloo of {gloo_reps}"
+    )
+    print(
+        f"   {'layout':<12} {'simdist':>9} {'gloo':>9} {'(start-up)':>10} {'gloo, preloaded':>16} "
+        f"{'(start-up)':>10} {'gloo/simdist':>13}"
+    )
     nan = float("nan")
     gloo_times: dict[str, float] = {}
     for layout in LAYOUTS:
@@ -323,11 +396,15 @@ def main() -> int:
         pre, pre_start = preloaded.get(str(layout), (nan, nan))
         best = min((t for t in (gloo, pre) if t == t), default=nan)
         gloo_times[str(layout)] = best
-        print(f"   {_name(layout):<12} {sim * 1e3:6.1f} ms {gloo * 1e3:6.0f} ms {gloo_start * 1e3:7.0f} ms "
-              f"{pre * 1e3:13.0f} ms {pre_start * 1e3:7.0f} ms {best / sim:12.1f}x")
+        print(
+            f"   {_name(layout):<12} {sim * 1e3:6.1f} ms {gloo * 1e3:6.0f} ms {gloo_start * 1e3:7.0f} ms "
+            f"{pre * 1e3:13.0f} ms {pre_start * 1e3:7.0f} ms {best / sim:12.1f}x"
+        )
     print("3. where a simdist case's time goes (medians, ms per case), and the floor")
-    print(f"   {'layout':<12} {'total':>7} {'world':>7} {'compute':>8} {'in calls':>9} {'calls/rank':>10} "
-          f"{'rest':>6} | {'floor':>6} {'best ratio':>10}")
+    print(
+        f"   {'layout':<12} {'total':>7} {'world':>7} {'compute':>8} {'in calls':>9} {'calls/rank':>10} "
+        f"{'rest':>6} | {'floor':>6} {'best ratio':>10}"
+    )
     for layout in LAYOUTS:
         case = case_for(layout)
         wall, compute, in_calls = in_world_split(case, args.reps)
@@ -337,18 +414,24 @@ def main() -> int:
         calls = stats.count().calls // layout.world_size
         floor = compute_floor(case, args.reps)
         best = gloo_times[str(layout)] / (world + floor)
-        print(f"   {_name(layout):<12} {wall * 1e3:7.1f} {world * 1e3:7.1f} {compute * 1e3:8.1f} {in_calls * 1e3:9.1f} "
-              f"{calls:>10} {(wall - world - compute - in_calls) * 1e3:6.1f} | {floor * 1e3:6.1f} {best:9.1f}x")
-    print("   world: start + teardown of an empty world; compute: rank threads' CPU in the body outside\n"
-          "   torch.distributed calls; in calls: their CPU inside them (simdist's per-call work); rest: total\n"
-          "   minus those (handing the run token between threads, the caller's thread, the machine's other\n"
-          "   load; each column is a median of its own runs, so noise can push it below 0); floor: every\n"
-          "   rank's body in one thread, collectives as no-ops; best ratio: gloo / (world + floor).")
+        print(
+            f"   {_name(layout):<12} {wall * 1e3:7.1f} {world * 1e3:7.1f} {compute * 1e3:8.1f} {in_calls * 1e3:9.1f} "
+            f"{calls:>10} {(wall - world - compute - in_calls) * 1e3:6.1f} | {floor * 1e3:6.1f} {best:9.1f}x"
+        )
+    print(
+        "   world: start + teardown of an empty world; compute: rank threads' CPU in the body outside\n"
+        "   torch.distributed calls; in calls: their CPU inside them (simdist's per-call work); rest: total\n"
+        "   minus those (handing the run token between threads, the caller's thread, the machine's other\n"
+        "   load; each column is a median of its own runs, so noise can push it below 0); floor: every\n"
+        "   rank's body in one thread, collectives as no-ops; best ratio: gloo / (world + floor)."
+    )
     return 0
 
 
 def _name(layout: simdist.Layout) -> str:
-    return "-".join(f"{axis}{getattr(layout, axis)}" for axis in ("tp", "cp", "dp", "pp") if getattr(layout, axis) > 1)
+    return "-".join(
+        f"{axis}{getattr(layout, axis)}" for axis in ("tp", "cp", "dp", "pp") if getattr(layout, axis) > 1
+    )
 
 
 if __name__ == "__main__":

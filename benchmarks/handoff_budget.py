@@ -116,7 +116,9 @@ def _latency(ctx: simdist.RankContext, calls: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="2,4,8,32", help="world sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -127,9 +129,13 @@ def main() -> None:
     cpu = [simdist.run(_cpu_per_call, world_size=1, args=(5000,))[0] for _ in range(args.repeats)]
     full = statistics.median(c[0] for c in cpu)
     direct = statistics.median(c[1] for c in cpu)
-    print(f"handoff, two-thread lock ping-pong: {ping * 1e6:.1f} us; 8-thread baton ring: {ring * 1e6:.1f} us")
-    print(f"CPU per small all_reduce call, one rank: {full * 1e6:.1f} us "
-          f"(torch.distributed wrapper {max(full - direct, 0) * 1e6:.1f} us, simdist {direct * 1e6:.1f} us)")
+    print(
+        f"handoff, two-thread lock ping-pong: {ping * 1e6:.1f} us; 8-thread baton ring: {ring * 1e6:.1f} us"
+    )
+    print(
+        f"CPU per small all_reduce call, one rank: {full * 1e6:.1f} us "
+        f"(torch.distributed wrapper {max(full - direct, 0) * 1e6:.1f} us, simdist {direct * 1e6:.1f} us)"
+    )
     print()
     print("ranks  measured  floor(ring)  x floor  ring with work  x ring with work")
     for n in sizes:
@@ -143,8 +149,10 @@ def main() -> None:
         loaded = n * statistics.median(
             ring_handoff(threads=n, rounds=300 if n <= 8 else 60, work=full) for _ in range(args.repeats)
         )
-        print(f"{n:5d}  {measured * 1e6:6.0f} us  {floor * 1e6:8.0f} us  {measured / floor:6.2f}x"
-              f"  {loaded * 1e6:11.0f} us  {measured / loaded:13.2f}x")
+        print(
+            f"{n:5d}  {measured * 1e6:6.0f} us  {floor * 1e6:8.0f} us  {measured / floor:6.2f}x"
+            f"  {loaded * 1e6:11.0f} us  {measured / loaded:13.2f}x"
+        )
     print()
     print("wake-ups of a finished collective's members (median per call, modes alternating)")
     print("ranks  one at a time  all at once  all-at-once / one-at-a-time")

@@ -75,6 +75,7 @@ def step_body(ctx: Any) -> float:
 
 def step_reference(tp: int, dp: int, pp: int) -> list[float]:
     """What ``step_body`` returns per rank, from the Megatron rank formula alone."""
+
     def rank(t: int, d: int, p: int) -> int:
         return t + tp * (d + dp * p)
 
@@ -131,11 +132,15 @@ def child_group_size(small: int, large: int, iters: int, repeats: int) -> dict[s
     samples: dict[int, list[float]] = {small: [], large: []}
     for _ in range(repeats):
         for world in (small, large):
-            results = simdist.run(pair_all_reduce_body, layout=simdist.Layout(tp=2, dp=world // 2),
-                                  args=(iters,), timeout=900)
+            results = simdist.run(
+                pair_all_reduce_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(iters,), timeout=900
+            )
             samples[world].append(max(r for r in results if r is not None))
-    return {"small": statistics.median(samples[small]), "large": statistics.median(samples[large]),
-            "ratios": [b / a for a, b in zip(samples[small], samples[large])]}
+    return {
+        "small": statistics.median(samples[small]),
+        "large": statistics.median(samples[large]),
+        "ratios": [b / a for a, b in zip(samples[small], samples[large])],
+    }
 
 
 def new_group_body(ctx: Any, groups: list[list[int]], timed: int) -> float | None:
@@ -179,8 +184,9 @@ def megatron_body(ctx: Any) -> int:
 
 def child_megatron(tp: int, dp: int, pp: int) -> dict[str, Any]:
     layout, results, seconds = _timed_layout_run(megatron_body, tp, dp, pp)
-    calls = layout.world_size * (len(layout.group_ranks("tp")) + len(layout.group_ranks("dp"))
-                                 + len(layout.group_ranks("pp")))
+    calls = layout.world_size * (
+        len(layout.group_ranks("tp")) + len(layout.group_ranks("dp")) + len(layout.group_ranks("pp"))
+    )
     return {"seconds": seconds, "calls": calls, "correct": results == [3] * layout.world_size}
 
 
@@ -230,7 +236,7 @@ def _threaded_pg_all_reduce(n: int, iters: int) -> float:
                 dist.all_reduce(t)
             out[r] = (time.perf_counter() - start) / iters
             dist.destroy_process_group()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
+        except BaseException as exc:
             errors.append(exc)
             mtpg.ProcessLocalGroup.exception_handle(exc)
 
@@ -270,11 +276,14 @@ def child_vs_threaded(n: int, iters: int, repeats: int) -> dict[str, Any]:
     for _ in range(repeats):  # interleaved: load changes hit both columns
         try:
             threaded.append(_threaded_pg_all_reduce(n, iters))
-        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        except Exception as exc:
             return {"error": f"threaded PG failed: {type(exc).__name__}: {exc}"}
         sim.append(max(simdist.run(small_all_reduce_body, world_size=n, args=(iters,))))
-    return {"simdist": statistics.median(sim), "threaded": statistics.median(threaded),
-            "ratios": [s / t for s, t in zip(sim, threaded)]}
+    return {
+        "simdist": statistics.median(sim),
+        "threaded": statistics.median(threaded),
+        "ratios": [s / t for s, t in zip(sim, threaded)],
+    }
 
 
 def child_switch() -> dict[str, Any]:
@@ -344,8 +353,9 @@ def measure(root: Path, kind: str, *args: int, timeout: float) -> dict[str, Any]
 def export(rev: str) -> Path:
     """simdist as of ``rev``, in a temporary folder (removed at exit)."""
     folder = Path(tempfile.mkdtemp(prefix="simdist-before-"))
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "simdist"],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "simdist"], capture_output=True, check=True
+    ).stdout
     archive_path = folder / "src.tar"
     archive_path.write_bytes(archive)
     with tarfile.open(archive_path) as tar:
@@ -379,11 +389,17 @@ def table(headers: list[str], rows: list[list[str]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--before", metavar="REV", help="also measure simdist as of this git revision")
-    parser.add_argument("--before-timeout", type=float, default=120.0,
-                        help="seconds a 'before' measurement may take (default 120)")
+    parser.add_argument(
+        "--before-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a 'before' measurement may take (default 120)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     parser.add_argument("--no-4096", action="store_true", help="skip the 4096-rank figures")
     opts = parser.parse_args()
@@ -398,8 +414,7 @@ def main() -> None:
     if opts.before:
         roots["before"] = export(opts.before)
     limit = {"now": 900.0, "before": opts.before_timeout}
-    print(f"simdist scale benchmark; {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.2f} at start\n")
+    print(f"simdist scale benchmark; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start\n")
 
     print("Start-up and one step (tp all_reduce, dp all_reduce, pp send/recv), whole simdist.run")
     rows = []
@@ -414,8 +429,10 @@ def main() -> None:
         rows.append(row)
     table(["world"] + list(roots), rows)
 
-    print("A tp=2 all_reduce per call (ranks 0 and 1 loop; every other rank waits in a barrier), "
-          f"median of {repeats} interleaved")
+    print(
+        "A tp=2 all_reduce per call (ranks 0 and 1 loop; every other rank waits in a barrier), "
+        f"median of {repeats} interleaved"
+    )
     rows = []
     for name, root in roots.items():
         r = measure(root, "group_size", 8, 1024, iters, repeats, timeout=limit[name] * repeats)
@@ -423,8 +440,14 @@ def main() -> None:
             rows.append([name, f"({r['error']})", "", ""])
         else:
             spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            rows.append([name, fmt_time(r["small"]), fmt_time(r["large"]),
-                         f"{r['large'] / r['small']:.2f}x (per repeat {spread})"])
+            rows.append(
+                [
+                    name,
+                    fmt_time(r["small"]),
+                    fmt_time(r["large"]),
+                    f"{r['large'] / r['small']:.2f}x (per repeat {spread})",
+                ]
+            )
     table(["simdist", "world 8", "world 1024", "1024 / 8"], rows)
 
     print("new_group called by a rank that is not a member (c10d default: every rank calls it), per call")
@@ -432,8 +455,11 @@ def main() -> None:
     for world in (8, 1024):
         row = [str(world)]
         for name, root in roots.items():
-            row.append(value(measure(root, "new_group", world, 200, 5000, timeout=limit[name]),
-                             "per_call_non_member"))
+            row.append(
+                value(
+                    measure(root, "new_group", world, 200, 5000, timeout=limit[name]), "per_call_non_member"
+                )
+            )
         rows.append(row)
     table(["world"] + list(roots), rows)
     print("Megatron-style: every rank creates every tp, dp and pp group (whole simdist.run)")
@@ -468,8 +494,10 @@ def main() -> None:
         rows.append(row)
     table(["world"] + list(roots), rows)
 
-    print("Small all_reduce (8 float32) on 8 ranks: simdist vs torch's threaded test PG, "
-          f"median of {repeats} interleaved")
+    print(
+        "Small all_reduce (8 float32) on 8 ranks: simdist vs torch's threaded test PG, "
+        f"median of {repeats} interleaved"
+    )
     rows = []
     for name, root in roots.items():
         r = measure(root, "vs_threaded", 8, iters // 2, repeats, timeout=limit[name] + 300)
@@ -477,8 +505,14 @@ def main() -> None:
             rows.append([name, f"({r['error']})", "", ""])
         else:
             spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            rows.append([name, fmt_time(r["simdist"]), fmt_time(r["threaded"]),
-                         f"{r['simdist'] / r['threaded']:.2f}x (per repeat {spread})"])
+            rows.append(
+                [
+                    name,
+                    fmt_time(r["simdist"]),
+                    fmt_time(r["threaded"]),
+                    f"{r['simdist'] / r['threaded']:.2f}x (per repeat {spread})",
+                ]
+            )
     table(["simdist", "simdist", "threaded PG", "simdist / threaded"], rows)
 
     print("One state swap at a run-token switch (RankStates.switch_to, 8 ranks)")
@@ -486,8 +520,15 @@ def main() -> None:
     for name, root in roots.items():
         r = measure(root, "switch", timeout=limit[name])
         rows.append([name, value(r, "idle"), value(r, "drawing"), value(r, "module_100_globals")])
-    table(["simdist", "no rank draws", "every rank draws (torch, random)",
-           "+ rank_local module of 100 globals"], rows)
+    table(
+        [
+            "simdist",
+            "no rank draws",
+            "every rank draws (torch, random)",
+            "+ rank_local module of 100 globals",
+        ],
+        rows,
+    )
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

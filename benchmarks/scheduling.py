@@ -40,7 +40,7 @@ except ImportError:  # run from a checkout without installing the package
 from simdist.rank_state import RankStates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collectives import time_all_reduce  # noqa: E402 (the same timed body as there)
+from collectives import time_all_reduce
 
 SCHEDULES = ("concurrent", "rank", "random")
 
@@ -86,8 +86,9 @@ def measure(body, n: int, iters: int, repeats: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {s: [] for s in SCHEDULES}
     for r in range(repeats):
         for schedule in SCHEDULES:  # interleaved: load changes hit every column
-            per_rank = simdist.run(body, world_size=n, args=(iters,), schedule=schedule,
-                                   schedule_seed=r, timeout=300.0)
+            per_rank = simdist.run(
+                body, world_size=n, args=(iters,), schedule=schedule, schedule_seed=r, timeout=300.0
+            )
             samples[schedule].append(max(per_rank))
     return {s: statistics.median(v) for s, v in samples.items()}
 
@@ -97,7 +98,9 @@ def fmt(seconds: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="2,8", help="world sizes, comma separated (default 2,8)")
     parser.add_argument("--iters", type=int, default=200, help="timed calls per rank (default 200)")
     parser.add_argument("--repeats", type=int, default=5, help="worlds per schedule (default 5)")
@@ -114,8 +117,12 @@ def main() -> None:
     for title, body, iters in (
         ("Small all_reduce (8 float32), per call", all_reduce_body, opts.iters),
         ("send/recv ping-pong between rank pairs (8 float32), per round trip", ping_pong_body, opts.iters),
-        (f"Compute-heavy step (4 matmuls 384x384 + small all_reduce), one intra-op thread, "
-         f"{os.cpu_count()} CPUs, per step", compute_body, max(10, opts.iters // 10)),
+        (
+            f"Compute-heavy step (4 matmuls 384x384 + small all_reduce), one intra-op thread, "
+            f"{os.cpu_count()} CPUs, per step",
+            compute_body,
+            max(10, opts.iters // 10),
+        ),
     ):
         torch.set_num_threads(1 if body is compute_body else threads)
         print(title)
@@ -123,8 +130,10 @@ def main() -> None:
         print("-----  ----------  ---------  ---------  ---------------  -----------------")
         for n in sizes:
             m = measure(body, n, iters, opts.repeats)
-            print(f"{n:5d}  {fmt(m['concurrent']):>10}  {fmt(m['rank']):>9}  {fmt(m['random']):>9}  "
-                  f"{m['rank'] / m['concurrent']:14.2f}x  {m['random'] / m['concurrent']:16.2f}x")
+            print(
+                f"{n:5d}  {fmt(m['concurrent']):>10}  {fmt(m['rank']):>9}  {fmt(m['random']):>9}  "
+                f"{m['rank'] / m['concurrent']:14.2f}x  {m['random'] / m['concurrent']:16.2f}x"
+            )
         print()
 
 

@@ -127,7 +127,9 @@ def build_inputs(tokens: int, vocab: int, dtype):  # type: ignore[no-untyped-def
     return student.requires_grad_(True), teacher, mask
 
 
-def worker(variant: str, tokens: int, vocab: int, dtype_name: str, repeats: int, threads: int) -> dict[str, float]:
+def worker(
+    variant: str, tokens: int, vocab: int, dtype_name: str, repeats: int, threads: int
+) -> dict[str, float]:
     import gc
 
     import torch
@@ -140,6 +142,7 @@ def worker(variant: str, tokens: int, vocab: int, dtype_name: str, repeats: int,
     pristine = student.detach().clone() if inplace else None  # an input like the others: in the baseline
     anchor = torch.zeros((), requires_grad=True)
     if variant == "naive":
+
         def loss():  # type: ignore[no-untyped-def]
             return naive_loss(student, teacher, mask)
     elif inplace:
@@ -188,11 +191,24 @@ def worker(variant: str, tokens: int, vocab: int, dtype_name: str, repeats: int,
 # ---------------------------------------------------------------- the driver
 
 
-def run_variant(variant: str, tokens: int, vocab: int, dtype: str, repeats: int, threads: int) -> dict[str, float]:
+def run_variant(
+    variant: str, tokens: int, vocab: int, dtype: str, repeats: int, threads: int
+) -> dict[str, float]:
     command = [
-        sys.executable, str(Path(__file__).resolve()), "--worker", variant,
-        "--tokens", str(tokens), "--vocab", str(vocab), "--dtype", dtype,
-        "--repeats", str(repeats), "--threads", str(threads),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        variant,
+        "--tokens",
+        str(tokens),
+        "--vocab",
+        str(vocab),
+        "--dtype",
+        dtype,
+        "--repeats",
+        str(repeats),
+        "--threads",
+        str(threads),
     ]
     # A fixed mmap threshold makes glibc return every large block to the
     # kernel when it is freed, so the resident set follows live tensors
@@ -211,9 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, nargs="+", default=[32768, 131072])
     parser.add_argument("--chunks", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs after one warm-up run, per process")
-    parser.add_argument("--rounds", type=int, default=2, help="processes per variant, run in turn with the others")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per variant (0: torch's default)")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="timed runs after one warm-up run, per process"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="processes per variant, run in turn with the others"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads per variant (0: torch's default)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -226,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         args.tokens, args.vocab, args.chunks = 512, [4096, 16384], [64, 128]
     variants = ["naive"] + [f"stream-{chunk}" for chunk in args.chunks]
     variants += [f"stream-{chunk}-inplace" for chunk in args.chunks]
-    print(f"soft cross-entropy forward+backward, T={args.tokens}, {args.dtype} logits, TP=1, "
-          f"best of {args.rounds} processes x {args.repeats} runs after a warm-up, each variant in its own process")
+    print(
+        f"soft cross-entropy forward+backward, T={args.tokens}, {args.dtype} logits, TP=1, "
+        f"best of {args.rounds} processes x {args.repeats} runs after a warm-up, each variant in its own process"
+    )
     for vocab in args.vocab:
         # Variants take turns, round after round, so that load from other
         # processes on the machine falls on all of them; the fastest run counts.
@@ -240,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
                 best["peak_extra_bytes"] = min(best["peak_extra_bytes"], result["peak_extra_bytes"])
         naive = results["naive"]
         print(f"\nV={vocab}")
-        print(f"  {'variant':<20} {'time s':>8} {'x naive':>8} {'extra MiB':>10} {'x naive':>8} "
-              f"{'extra w/o grad MiB':>19} {'x naive':>8} {'loss':>14}")
+        print(
+            f"  {'variant':<20} {'time s':>8} {'x naive':>8} {'extra MiB':>10} {'x naive':>8} "
+            f"{'extra w/o grad MiB':>19} {'x naive':>8} {'loss':>14}"
+        )
         for variant, result in results.items():
             extra = result["peak_extra_bytes"]
             without_grad = extra - result["grad_bytes"]
@@ -252,12 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{without_grad / MIB:19.0f} {without_grad / naive_without_grad:8.3f} {result['loss']:14.6g}"
             )
         share = naive["grad_bytes"] / naive["peak_extra_bytes"]
-        print(f"  (a fresh {args.dtype} [T, V] gradient alone is {share:.3f}x naive's peak extra memory: "
-              f"no variant that returns one can have an 'extra' ratio below that; the -inplace variants "
-              f"write the gradient into the logits, so their 'extra' is the loss's working memory)")
-    print("\ntargets (streaming vs naive at the largest V): extra memory <= 0.125x, time <= 1.2x;\n"
-          "the memory target is reachable only in place (overwrite_student_with_grad=True, for callers that do "
-          "not read the logits after backward): a fresh gradient costs more than 1/8 of naive by itself")
+        print(
+            f"  (a fresh {args.dtype} [T, V] gradient alone is {share:.3f}x naive's peak extra memory: "
+            f"no variant that returns one can have an 'extra' ratio below that; the -inplace variants "
+            f"write the gradient into the logits, so their 'extra' is the loss's working memory)"
+        )
+    print(
+        "\ntargets (streaming vs naive at the largest V): extra memory <= 0.125x, time <= 1.2x;\n"
+        "the memory target is reachable only in place (overwrite_student_with_grad=True, for callers that do "
+        "not read the logits after backward): a fresh gradient costs more than 1/8 of naive by itself"
+    )
     return 0
 
 

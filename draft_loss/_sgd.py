@@ -8,8 +8,8 @@ were, and a retry of the step equals a clean one bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

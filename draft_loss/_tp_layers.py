@@ -17,7 +17,9 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 
-def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+def _all_reduce(
+    tensor: torch.Tensor, group: dist.ProcessGroup | None, op: Any = dist.ReduceOp.SUM
+) -> torch.Tensor:
     if group is not None:
         dist.all_reduce(tensor, op=op, group=group)
     return tensor

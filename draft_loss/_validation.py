@@ -13,8 +13,9 @@ waiting in a collective that another rank never reaches.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,16 @@ LOGIT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Stable small codes for dtypes in the header (never reorder: ranks compare them).
 _DTYPE_CODES = {
-    torch.bool: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 4, torch.int32: 5, torch.int64: 6,
-    torch.float16: 7, torch.bfloat16: 8, torch.float32: 9, torch.float64: 10,
+    torch.bool: 1,
+    torch.uint8: 2,
+    torch.int8: 3,
+    torch.int16: 4,
+    torch.int32: 5,
+    torch.int64: 6,
+    torch.float16: 7,
+    torch.bfloat16: 8,
+    torch.float32: 9,
+    torch.float64: 10,
 }
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
@@ -101,13 +110,19 @@ def check_floating(name: str, value: object, what: str, min_dim: int = 1) -> tor
             f"{what}: {name} must be float16, bfloat16, float32 or float64, got dtype {value.dtype}"
         )
     if value.dim() < min_dim:
-        raise ValueError(f"{what}: {name} must have at least {min_dim} dim(s), got shape {tuple(value.shape)}")
+        raise ValueError(
+            f"{what}: {name} must have at least {min_dim} dim(s), got shape {tuple(value.shape)}"
+        )
     return value
 
 
-def check_same_device(name: str, value: torch.Tensor, device: torch.device, reference: str, what: str) -> None:
+def check_same_device(
+    name: str, value: torch.Tensor, device: torch.device, reference: str, what: str
+) -> None:
     if value.device != device:
-        raise ValueError(f"{what}: {name} must be on the same device as {reference} ({device}), got {value.device}")
+        raise ValueError(
+            f"{what}: {name} must be on the same device as {reference} ({device}), got {value.device}"
+        )
 
 
 def check_token_layout(
@@ -141,7 +156,11 @@ def check_token_layout(
 
 
 def _check_mask(
-    what: str, leading_shape: tuple[int, ...], device: torch.device, reference: str, mask: object,
+    what: str,
+    leading_shape: tuple[int, ...],
+    device: torch.device,
+    reference: str,
+    mask: object,
     compute_dtype: torch.dtype,
 ) -> torch.Tensor:
     if not isinstance(mask, torch.Tensor):
@@ -161,7 +180,11 @@ def _check_mask(
 
 
 def _check_bins(
-    what: str, leading_shape: tuple[int, ...], device: torch.device, reference: str, bin_ids: object,
+    what: str,
+    leading_shape: tuple[int, ...],
+    device: torch.device,
+    reference: str,
+    bin_ids: object,
     weights: object,
 ) -> tuple[torch.Tensor, int]:
     if weights is not None:
@@ -177,7 +200,9 @@ def _check_bins(
         valid = torch.isfinite(weights) & (weights >= 0)
         if not bool(valid.all()):
             bad = weights[~valid][:4].tolist()
-            raise ValueError(f"{what}: weights must be finite and >= 0, got e.g. {bad} (of {weights.shape[0]} weights)")
+            raise ValueError(
+                f"{what}: weights must be finite and >= 0, got e.g. {bad} (of {weights.shape[0]} weights)"
+            )
     if bin_ids is None:
         num_bins = 1 if weights is None else int(weights.shape[0])  # type: ignore[union-attr]
         return torch.zeros(leading_shape, dtype=torch.int64, device=device).reshape(-1), num_bins
@@ -249,7 +274,7 @@ def validate_on_every_rank(
     header: Header = ()
     try:
         checked, header = check()
-    except Exception as exc:  # noqa: BLE001 - whatever broke, the peers must hear of it
+    except Exception as exc:
         error = exc
     if tp_group is None or group_size == 1:
         if error is not None:
@@ -320,7 +345,9 @@ def _decide(rows: list[list[int]], what: str, names: list[str]) -> Exception | N
         message = _decode_message(rows[first])
         others = f"; also failed on TP ranks {failed[1:]}" if len(failed) > 1 else ""
         error_type = _ERROR_TYPES.get(rows[first][0], ValueError)
-        return error_type(f"{message} [TP rank {first} of {size} found this{others}; every TP rank raises it]")
+        return error_type(
+            f"{message} [TP rank {first} of {size} found this{others}; every TP rank raises it]"
+        )
     # The first header field says which loss a rank is in: compare it first,
     # and word its mismatch so that every rank (whichever loss it is in) prints
     # the same message.
@@ -358,7 +385,5 @@ def _per_rank(field: str, values: list[int]) -> str:
 
 
 def _decode_message(row: list[int]) -> str:
-    data = b"".join(
-        int(value).to_bytes(_BYTES_PER_SLOT, "little") for value in row[2 + _HEADER_SLOTS :]
-    )
+    data = b"".join(int(value).to_bytes(_BYTES_PER_SLOT, "little") for value in row[2 + _HEADER_SLOTS :])
     return data.rstrip(b"\0").decode("utf-8", errors="replace")

@@ -42,9 +42,13 @@ def align_for_draft(
     if not isinstance(token_mask, torch.Tensor):
         raise TypeError(f"{_WHAT}: token_mask must be a torch.Tensor, got {type(token_mask).__name__}")
     if token_mask.is_complex():
-        raise TypeError(f"{_WHAT}: token_mask must be bool, integer or real floating, got dtype {token_mask.dtype}")
+        raise TypeError(
+            f"{_WHAT}: token_mask must be bool, integer or real floating, got dtype {token_mask.dtype}"
+        )
     if teacher.dim() != 3:
-        raise ValueError(f"{_WHAT}: teacher_logits must be [batch, seq, V_local], got shape {tuple(teacher.shape)}")
+        raise ValueError(
+            f"{_WHAT}: teacher_logits must be [batch, seq, V_local], got shape {tuple(teacher.shape)}"
+        )
     if tuple(token_mask.shape) != tuple(teacher.shape[:2]):
         raise ValueError(
             f"{_WHAT}: token_mask must be [batch, seq] = {tuple(teacher.shape[:2])}, got {tuple(token_mask.shape)}"

@@ -26,12 +26,12 @@ of one call packed into one byte buffer per direction).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["padded_length", "load_balanced_positions", "shard_sequence", "shift_left"]
+__all__ = ["load_balanced_positions", "padded_length", "shard_sequence", "shift_left"]
 
 _WHAT = "shift_left"
 
@@ -54,10 +54,14 @@ def load_balanced_positions(seq_len: int, cp_rank: int, cp_size: int) -> torch.T
         return torch.arange(total)
     chunk = total // (2 * cp_size)
     first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)])
+    return torch.cat(
+        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
+    )
 
 
-def shard_sequence(values: torch.Tensor, cp_rank: int, cp_size: int, *, pad_value: float | int = 0) -> torch.Tensor:
+def shard_sequence(
+    values: torch.Tensor, cp_rank: int, cp_size: int, *, pad_value: float | int = 0
+) -> torch.Tensor:
     """CP rank ``cp_rank``'s load-balanced shard of ``values`` ``[batch, seq, ...]`` (padded, see the module doc)."""
     if not isinstance(values, torch.Tensor) or values.dim() < 2:
         raise ValueError(f"shard_sequence: values must be a tensor [batch, seq, ...], got {values!r:.80}")
@@ -165,7 +169,7 @@ def _unpack(buffer: torch.Tensor, values: Sequence[torch.Tensor], rows: int) -> 
     out, offset = [], 0
     for v in values:
         width = math.prod(v.shape[2:]) * v.element_size()
-        part = _fresh(buffer[:, offset:offset + width]).view(v.dtype)
+        part = _fresh(buffer[:, offset : offset + width]).view(v.dtype)
         out.append(part.reshape(rows, *v.shape[2:]))
         offset += width
     return out
@@ -178,7 +182,9 @@ def _check_values(values: Sequence[object]) -> tuple[int, int]:
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"{_WHAT}: values[{i}] must be a torch.Tensor, got {type(v).__name__}")
         if v.dim() < 2:
-            raise ValueError(f"{_WHAT}: values[{i}] must be [batch, seq_local, ...], got shape {tuple(v.shape)}")
+            raise ValueError(
+                f"{_WHAT}: values[{i}] must be [batch, seq_local, ...], got shape {tuple(v.shape)}"
+            )
         if v.requires_grad:
             raise ValueError(
                 f"{_WHAT}: values[{i}] requires grad, but no gradient crosses a CP boundary here; pass .detach()"

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -58,22 +59,26 @@ from .stats import DraftLossStats
 from .step_state import DraftStepState
 
 __all__ = [
-    "CotrainConfig",
+    "METRIC_NAMES",
     "CotrainBatch",
-    "ParallelGroups",
-    "StepResult",
+    "CotrainConfig",
     "CotrainWorker",
+    "ParallelGroups",
     "StepAbortedError",
+    "StepResult",
     "full_initial_parameters",
     "parameter_layout",
     "shard_batch_for_cp",
-    "METRIC_NAMES",
 ]
 
 Mode = Literal["monolithic", "split"]
 Probe = Callable[[str], None]
 METRIC_NAMES: tuple[str, ...] = (
-    "policy_loss", "draft_loss", "policy_tokens", "draft_tokens", "draft_weighted_tokens",
+    "policy_loss",
+    "draft_loss",
+    "policy_tokens",
+    "draft_tokens",
+    "draft_weighted_tokens",
 )
 
 
@@ -101,7 +106,9 @@ class CotrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"CotrainConfig.{name} must be a positive int, got {value!r}")
         if not self.bin_weights or any(not (w >= 0 and math.isfinite(w)) for w in self.bin_weights):
-            raise ValueError(f"CotrainConfig.bin_weights must be non-empty, finite, >= 0, got {self.bin_weights}")
+            raise ValueError(
+                f"CotrainConfig.bin_weights must be non-empty, finite, >= 0, got {self.bin_weights}"
+            )
         if self.dtype not in (torch.float32, torch.bfloat16, torch.float64):
             raise ValueError(f"CotrainConfig.dtype must be float32, bfloat16 or float64, got {self.dtype}")
 
@@ -206,7 +213,12 @@ def full_initial_parameters(config: CotrainConfig) -> dict[str, torch.Tensor]:
     worker a test builds, starts from the same ones.
     """
     drawn = _initial_parameters(
-        config.vocab_size, config.hidden_size, config.ffn_size, config.num_layers, config.seed, config.init_std
+        config.vocab_size,
+        config.hidden_size,
+        config.ffn_size,
+        config.num_layers,
+        config.seed,
+        config.init_std,
     )
     return {name: value.clone() for name, value in drawn.items()}
 
@@ -219,12 +231,17 @@ def _initial_parameters(
     shapes = {"embedding.weight": (V, H)}
     for i in range(num_layers):
         shapes |= {
-            f"layers.{i}.fc1.weight": (F, H), f"layers.{i}.fc1.bias": (F,),
-            f"layers.{i}.fc2.weight": (H, F), f"layers.{i}.fc2.bias": (H,),
+            f"layers.{i}.fc1.weight": (F, H),
+            f"layers.{i}.fc1.bias": (F,),
+            f"layers.{i}.fc2.weight": (H, F),
+            f"layers.{i}.fc2.bias": (H,),
         }
     shapes |= {
-        "output.weight": (V, H), "draft.embedding.weight": (V, H),
-        "draft.fc.weight": (H, 2 * H), "draft.fc.bias": (H,), "draft.head.weight": (V, H),
+        "output.weight": (V, H),
+        "draft.embedding.weight": (V, H),
+        "draft.fc.weight": (H, 2 * H),
+        "draft.fc.bias": (H,),
+        "draft.head.weight": (V, H),
     }
     generator = torch.Generator().manual_seed(seed)
     return {
@@ -241,7 +258,9 @@ def shard_batch_for_cp(batch: CotrainBatch, cp_rank: int, cp_size: int) -> Cotra
     is padded at the end with token 0, mask 0, bin 0: padding never trains and
     never counts, so the step equals that of the unpadded batch.
     """
-    return CotrainBatch(*(shard_sequence(t, cp_rank, cp_size) for t in (batch.tokens, batch.mask, batch.bin_ids)))
+    return CotrainBatch(
+        *(shard_sequence(t, cp_rank, cp_size) for t in (batch.tokens, batch.mask, batch.bin_ids))
+    )
 
 
 def layers_of_stage(num_layers: int, stage: int, num_stages: int) -> range:
@@ -284,7 +303,9 @@ class CotrainWorker:
         tp_size, tp_rank = groups.size("tp"), groups.rank("tp")
         for name, size in (("vocab_size", config.vocab_size), ("ffn_size", config.ffn_size)):
             if size % tp_size:
-                raise ValueError(f"CotrainWorker: {name} ({size}) must be divisible by the TP size ({tp_size})")
+                raise ValueError(
+                    f"CotrainWorker: {name} ({size}) must be divisible by the TP size ({tp_size})"
+                )
         self.vocab_start = tp_rank * (config.vocab_size // tp_size)
         stage, stages = groups.rank("pp"), groups.size("pp")
         self.stage, self.num_stages = stage, stages
@@ -400,11 +421,16 @@ class CotrainWorker:
         if self.is_last:
             assert sums is not None
             policy_sum, stats = sums
-            numerators = torch.cat([policy_sum.detach().double().reshape(1), stats.numerators.detach().double()])
+            numerators = torch.cat(
+                [policy_sum.detach().double().reshape(1), stats.numerators.detach().double()]
+            )
             self._all_reduce_counts(numerators)
             metrics = _metrics(
-                policy_sum=float(numerators[0]), policy_count=policy_count,
-                numerators=numerators[1:], counts=draft_counts, weights=self.bin_weights.double(),
+                policy_sum=float(numerators[0]),
+                policy_count=policy_count,
+                numerators=numerators[1:],
+                counts=draft_counts,
+                weights=self.bin_weights.double(),
             )
         self._all_reduce_gradients(params)
         _call(probe, "monolithic:after_gradient_reduction")
@@ -435,10 +461,12 @@ class CotrainWorker:
         _call(probe, "split:before_count_reduction")
         # The one DP x CP collective of the step's counts: the policy's count and
         # loss sum, with the draft state's counts and numerators riding along.
-        payload = torch.cat([
-            torch.tensor([float(self._policy_count(batch)), policy_sum_local], dtype=torch.float64),
-            state.contribute_counts(),
-        ])
+        payload = torch.cat(
+            [
+                torch.tensor([float(self._policy_count(batch)), policy_sum_local], dtype=torch.float64),
+                state.contribute_counts(),
+            ]
+        )
         self._all_reduce_counts(payload)
         _call(probe, "split:after_count_reduction")
         policy_count, policy_sum = float(payload[0]), float(payload[1])
@@ -447,8 +475,11 @@ class CotrainWorker:
         if self.is_last:
             draft = state.metrics()
             metrics = _metrics(
-                policy_sum=policy_sum, policy_count=policy_count,
-                numerators=draft.numerators, counts=draft.counts, weights=self.bin_weights.double(),
+                policy_sum=policy_sum,
+                policy_count=policy_count,
+                numerators=draft.numerators,
+                counts=draft.counts,
+                weights=self.bin_weights.double(),
             )
         self._all_reduce_gradients(params)
         _call(probe, "split:after_gradient_reduction")
@@ -461,7 +492,9 @@ class CotrainWorker:
                 state.finish()
         return result
 
-    def _normalise_gradients(self, params: list[torch.nn.Parameter], policy_count: float, probe: Probe | None) -> None:
+    def _normalise_gradients(
+        self, params: list[torch.nn.Parameter], policy_count: float, probe: Probe | None
+    ) -> None:
         """Policy normalisation of every gradient, then the draft correction (this order)."""
         scale_gradients(params, policy_count)
         _call(probe, "split:during_correction")
@@ -487,7 +520,8 @@ class CotrainWorker:
             if not skipped:
                 coefficients = clip_by_group_norms(params, norms_t, self._max_norms())
                 prepared = self.optimizer.prepare(
-                    self.master, {name: p.main_grad for name, p in self.params.items()},
+                    self.master,
+                    {name: p.main_grad for name, p in self.params.items()},
                     probe=None if probe is None else (lambda point: probe(f"{prefix}:{point}")),
                 )
         except Exception as error:  # re-raised below, after the agreement
@@ -510,7 +544,11 @@ class CotrainWorker:
             for p in params:
                 del p.main_grad
         return StepResult(
-            grads_after, {n: m.clone() for n, m in self.master.items()}, norms, coefficients, metrics,
+            grads_after,
+            {n: m.clone() for n, m in self.master.items()},
+            norms,
+            coefficients,
+            metrics,
             skipped=skipped,
         )
 
@@ -544,13 +582,15 @@ class CotrainWorker:
             values = [math.inf] * (2 * len(names))
         else:
             mine = [
-                *batch.tokens.shape, float(mode == "split"), float(num_microbatches),
+                *batch.tokens.shape,
+                float(mode == "split"),
+                float(num_microbatches),
                 float(_MASK_DTYPES.index(batch.mask.dtype)),
             ]
             values = mine + [-x for x in mine]
         table = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(table, op=dist.ReduceOp.MIN, group=self.groups.cp)
-        low, high = table[: len(names)].tolist(), [-x for x in table[len(names):].tolist()]
+        low, high = table[: len(names)].tolist(), [-x for x in table[len(names) :].tolist()]
 
         def shown(name: str, value: float) -> str:
             if name == "mode":
@@ -559,7 +599,8 @@ class CotrainWorker:
 
         differing = [
             f"{name} from {shown(name, lo)} to {shown(name, hi)}"
-            for name, lo, hi in zip(names, low, high) if lo != hi and math.isfinite(lo)  # inf: every rank failed
+            for name, lo, hi in zip(names, low, high)
+            if lo != hi and math.isfinite(lo)  # inf: every rank failed
         ]
         if not differing:
             return None
@@ -642,9 +683,13 @@ class CotrainWorker:
         draft_hidden = torch.tanh(draft_input @ p["draft.fc.weight"].T + p["draft.fc.bias"])
         draft_logits = copy_to_tp(draft_hidden, tp) @ p["draft.head.weight"].T
         stats = soft_cross_entropy(
-            draft_logits, teacher, draft_mask.to(torch.float32), tp_group=tp,
+            draft_logits,
+            teacher,
+            draft_mask.to(torch.float32),
+            tp_group=tp,
             token_chunk_size=self.config.token_chunk_size,
-            bin_ids=next_bins, weights=self.bin_weights,
+            bin_ids=next_bins,
+            weights=self.bin_weights,
         )
         return policy_sum, stats
 
@@ -670,7 +715,7 @@ class CotrainWorker:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         offset = 0
         for p in params:
-            p.main_grad.copy_(flat[offset:offset + p.numel()].view_as(p.main_grad))
+            p.main_grad.copy_(flat[offset : offset + p.numel()].view_as(p.main_grad))
             offset += p.numel()
 
     def _share_metrics(self, metrics: dict[str, float] | None) -> dict[str, float]:
@@ -700,7 +745,9 @@ class CotrainWorker:
     def _draft_counts(self, batch: CotrainBatch) -> torch.Tensor:
         """Local per-bin draft token counts, known from the masks before any forward."""
         return torch.bincount(
-            batch.bin_ids.reshape(-1), weights=self._predicted_mask(batch).reshape(-1), minlength=self.config.num_bins,
+            batch.bin_ids.reshape(-1),
+            weights=self._predicted_mask(batch).reshape(-1),
+            minlength=self.config.num_bins,
         ).to(torch.float64)
 
 
@@ -721,13 +768,20 @@ def _split_batch(batch: CotrainBatch, parts: int) -> list[CotrainBatch]:
     return [
         CotrainBatch(tokens, mask, bins)
         for tokens, mask, bins in zip(
-            batch.tokens.tensor_split(parts), batch.mask.tensor_split(parts), batch.bin_ids.tensor_split(parts)
+            batch.tokens.tensor_split(parts),
+            batch.mask.tensor_split(parts),
+            batch.bin_ids.tensor_split(parts),
         )
     ]
 
 
 def _metrics(
-    *, policy_sum: float, policy_count: float, numerators: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor
+    *,
+    policy_sum: float,
+    policy_count: float,
+    numerators: torch.Tensor,
+    counts: torch.Tensor,
+    weights: torch.Tensor,
 ) -> dict[str, float]:
     weighted_count = float((weights * counts).sum())
     weighted_sum = float((weights * numerators).sum())
@@ -741,8 +795,16 @@ def _metrics(
 
 
 _MASK_DTYPES = (
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
 )
 
 
@@ -769,7 +831,9 @@ def _check_arguments(
         raise TypeError(f"{what}: batch.mask must be bool, integer or real floating, got {mask.dtype}")
     rows, seq = tokens.shape
     if rows < 1 or seq < 2:
-        raise ValueError(f"{what}: batch needs at least 1 row and 2 positions, got shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"{what}: batch needs at least 1 row and 2 positions, got shape {tuple(tokens.shape)}"
+        )
     for name, value in (("tokens", tokens), ("bin_ids", bins)):
         if value.dtype != torch.int64:
             raise TypeError(f"{what}: batch.{name} must be int64, got {value.dtype}")

@@ -15,7 +15,7 @@ The order of one step is part of the contract:
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -23,16 +23,16 @@ import torch.distributed as dist
 __all__ = [
     "GROUPS",
     "GradientOrderError",
-    "tag_parameter",
-    "parameter_group",
-    "is_tensor_parallel",
-    "zero_main_grads",
     "accumulate_main_grads",
-    "main_grad_denominator",
-    "set_main_grad_denominator",
-    "scale_gradients",
-    "group_grad_norms",
     "clip_by_group_norms",
+    "group_grad_norms",
+    "is_tensor_parallel",
+    "main_grad_denominator",
+    "parameter_group",
+    "scale_gradients",
+    "set_main_grad_denominator",
+    "tag_parameter",
+    "zero_main_grads",
 ]
 
 GROUPS: tuple[str, ...] = ("policy", "draft")
@@ -58,7 +58,9 @@ def tag_parameter(param: torch.nn.Parameter, group: str, *, tensor_parallel: boo
     if group not in GROUPS:
         raise ValueError(f"tag_parameter: group must be one of {GROUPS}, got {group!r}")
     if not isinstance(tensor_parallel, bool):
-        raise TypeError(f"tag_parameter: tensor_parallel must be a bool, got {type(tensor_parallel).__name__}")
+        raise TypeError(
+            f"tag_parameter: tensor_parallel must be a bool, got {type(tensor_parallel).__name__}"
+        )
     setattr(param, _GROUP_ATTR, group)
     setattr(param, _TP_ATTR, tensor_parallel)
     return param

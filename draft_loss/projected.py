@@ -61,7 +61,9 @@ def projected_soft_cross_entropy(
     group_size = v.check_group(tp_group, _WHAT)
 
     def check() -> tuple[v.TokenLayout, v.Header]:
-        return _check_arguments(student_hidden, output_weight, teacher_logits, mask, token_chunk_size, bin_ids, weights)
+        return _check_arguments(
+            student_hidden, output_weight, teacher_logits, mask, token_chunk_size, bin_ids, weights
+        )
 
     layout = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
     hidden_size = student_hidden.shape[-1]
@@ -76,7 +78,12 @@ def projected_soft_cross_entropy(
 
 
 def _check_arguments(
-    hidden: object, weight: object, teacher: object, mask: object, token_chunk_size: object, bin_ids: object,
+    hidden: object,
+    weight: object,
+    teacher: object,
+    mask: object,
+    token_chunk_size: object,
+    bin_ids: object,
     weights: object,
 ) -> tuple[v.TokenLayout, v.Header]:
     hidden = v.check_floating("student_hidden", hidden, _WHAT)
@@ -180,7 +187,9 @@ class _ProjectedSoftCrossEntropy(torch.autograd.Function):
             else:
                 logits = hidden[rows] @ weight.t()
                 tile = tile_gradient.get("gradient", rows.stop - rows.start)
-                write_scaled_difference(logits, teacher[rows], lse_s[rows], lse_z[rows], scale[rows], blocks, tile)
+                write_scaled_difference(
+                    logits, teacher[rows], lse_s[rows], lse_z[rows], scale[rows], blocks, tile
+                )
             # Masked tokens must not reach the matmuls (their gradient rows stay
             # 0): a NaN in their logits or hidden state times 0 is still NaN and
             # would spread to every row of the weight gradient.

@@ -125,7 +125,13 @@ def soft_cross_entropy(
 
     def check() -> tuple[v.TokenLayout, v.Header]:
         return _check_arguments(
-            student_logits, teacher_logits, mask, token_chunk_size, bin_ids, weights, overwrite_student_with_grad
+            student_logits,
+            teacher_logits,
+            mask,
+            token_chunk_size,
+            bin_ids,
+            weights,
+            overwrite_student_with_grad,
         )
 
     layout = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
@@ -143,7 +149,12 @@ def soft_cross_entropy(
 
 
 def _check_arguments(
-    student: object, teacher: object, mask: object, token_chunk_size: object, bin_ids: object, weights: object,
+    student: object,
+    teacher: object,
+    mask: object,
+    token_chunk_size: object,
+    bin_ids: object,
+    weights: object,
     overwrite: object,
 ) -> tuple[v.TokenLayout, v.Header]:
     student = v.check_floating("student_logits", student, _WHAT)
@@ -178,7 +189,9 @@ def _check_arguments(
 def _check_overwrite(overwrite: object, student: torch.Tensor, teacher: torch.Tensor) -> None:
     """What can be told in forward about whether overwriting the student logits is safe."""
     if not isinstance(overwrite, bool):
-        raise TypeError(f"{_WHAT}: overwrite_student_with_grad must be a bool, got {type(overwrite).__name__}")
+        raise TypeError(
+            f"{_WHAT}: overwrite_student_with_grad must be a bool, got {type(overwrite).__name__}"
+        )
     if not overwrite:
         return
     # Views share their base's storage: a view of a parameter-like leaf would
@@ -193,7 +206,8 @@ def _check_overwrite(overwrite: object, student: torch.Tensor, teacher: torch.Te
             f"output of the op that computes the logits, or use overwrite_student_with_grad=False"
         )
     if (
-        student.numel() > 0 and teacher.numel() > 0
+        student.numel() > 0
+        and teacher.numel() > 0
         and student.untyped_storage().data_ptr() == teacher.untyped_storage().data_ptr()
     ):
         raise ValueError(
@@ -284,7 +298,9 @@ def tile_forward(
     sums = torch.empty(3, rows, dtype=compute, device=student.device)  # sum exp(s), sum exp(z), dot
     kept: list[torch.Tensor] = []
     for block in _ranges(0, rows, workspace.rows):
-        kept = _block_sums(student[block], teacher[block], max_s[block], max_z[block], workspace, sums[:, block], keep)
+        kept = _block_sums(
+            student[block], teacher[block], max_s[block], max_z[block], workspace, sums[:, block], keep
+        )
     plan.all_reduce(sums, dist.ReduceOp.SUM)
     total_s, total_z, dot = sums[0], sums[1], sums[2]
 
@@ -299,8 +315,13 @@ def tile_forward(
 
 
 def _block_sums(
-    student: torch.Tensor, teacher: torch.Tensor, max_s: torch.Tensor, max_z: torch.Tensor, workspace: Workspace,
-    out: torch.Tensor, keep: bool,
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    max_s: torch.Tensor,
+    max_z: torch.Tensor,
+    workspace: Workspace,
+    out: torch.Tensor,
+    keep: bool,
 ) -> list[torch.Tensor]:
     """Writes ``sum exp(s - max_s)``, ``sum exp(z - max_z)`` and ``sum exp(z - max_z) * s``
     of a block of rows into ``out[0..2]``. Every elementwise op runs in place on
@@ -322,8 +343,13 @@ def _block_sums(
 
 
 def write_scaled_difference(
-    student: torch.Tensor, teacher: torch.Tensor, lse_s: torch.Tensor, lse_z: torch.Tensor, scale: torch.Tensor,
-    workspace: Workspace, out: torch.Tensor,
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    lse_s: torch.Tensor,
+    lse_z: torch.Tensor,
+    scale: torch.Tensor,
+    workspace: Workspace,
+    out: torch.Tensor,
 ) -> None:
     """``out = (softmax(s) - softmax(z)) * scale`` for a tile, recomputed block by
     block from the saved log-normalisers (``out`` may have another dtype)."""

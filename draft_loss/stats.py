@@ -25,7 +25,7 @@ class DraftLossStats:
     the loss reports non-finite logits (see ``soft_cross_entropy``).
     """
 
-    __slots__ = ("numerators", "counts", "weights")
+    __slots__ = ("counts", "numerators", "weights")
 
     def __init__(self, numerators: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor) -> None:
         _check_fields(numerators, counts, weights)
@@ -56,7 +56,7 @@ class DraftLossStats:
         quotient = numerator / safe_denominator
         return torch.where(has_tokens, quotient, torch.zeros_like(quotient))
 
-    def detach(self) -> "DraftLossStats":
+    def detach(self) -> DraftLossStats:
         """A copy whose numerators carry no autograd history (tensors are shared, not cloned)."""
         return DraftLossStats(self.numerators.detach(), self.counts, self.weights)
 
@@ -82,7 +82,9 @@ def _check_fields(numerators: object, counts: object, weights: object) -> None:
     assert isinstance(counts, torch.Tensor) and isinstance(weights, torch.Tensor)
     lengths = {name: int(value.shape[0]) for name, value in named}  # type: ignore[union-attr]
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"DraftLossStats: numerators, counts and weights must have one length, got {lengths}")
+        raise ValueError(
+            f"DraftLossStats: numerators, counts and weights must have one length, got {lengths}"
+        )
     if lengths["numerators"] < 1:
         raise ValueError("DraftLossStats: need at least one bin, got length 0")
     dtypes = {numerators.dtype, counts.dtype, weights.dtype}
@@ -106,7 +108,9 @@ def _check_fields(numerators: object, counts: object, weights: object) -> None:
 
 def _check_normalization_counts(counts: object, numerators: torch.Tensor) -> None:
     if not isinstance(counts, torch.Tensor):
-        raise TypeError(f"normalized: normalization_counts must be a torch.Tensor, got {type(counts).__name__}")
+        raise TypeError(
+            f"normalized: normalization_counts must be a torch.Tensor, got {type(counts).__name__}"
+        )
     if counts.dtype == torch.bool or counts.is_complex():
         raise TypeError(f"normalized: normalization_counts must be real numbers, got dtype {counts.dtype}")
     if tuple(counts.shape) != tuple(numerators.shape):

@@ -29,8 +29,9 @@ head run the same code and the same collectives.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,7 +40,7 @@ from .grads import GradientOrderError, main_grad_denominator, parameter_group, s
 if TYPE_CHECKING:
     from .stats import DraftLossStats
 
-__all__ = ["StepPhase", "StepOrderError", "DraftMetrics", "DraftStepState"]
+__all__ = ["DraftMetrics", "DraftStepState", "StepOrderError", "StepPhase"]
 
 # Accumulations and the reduction payload are float64: counts stay exact far
 # beyond float32's 2**24, and summing microbatch numerators loses nothing that
@@ -106,7 +107,7 @@ class DraftStepState:
             )
         self._phase = StepPhase.ACCUMULATING
 
-    def accumulate(self, stats: "DraftLossStats") -> None:
+    def accumulate(self, stats: DraftLossStats) -> None:
         """Adds one microbatch's detached local statistics to the step's sums."""
         self._require(StepPhase.ACCUMULATING, "accumulate")
         numerators, counts, weights = _fields_of(stats)
@@ -228,7 +229,9 @@ class DraftStepState:
         params = list(params)
         draft = [p for p in params if parameter_group(p) == "draft"]
         if self._phase is StepPhase.IDLE:
-            carrying = [p for p in draft if getattr(p, "main_grad", None) is not None and bool(p.main_grad.any())]
+            carrying = [
+                p for p in draft if getattr(p, "main_grad", None) is not None and bool(p.main_grad.any())
+            ]
             if carrying:
                 raise StepOrderError(
                     f"correct_main_grads: {len(carrying)} draft-tagged parameter(s) carry gradients but no "
@@ -241,7 +244,9 @@ class DraftStepState:
                 "record_global_counts (after the count all-reduce) first"
             )
         if self._phase is StepPhase.CORRECTED:
-            raise StepOrderError("correct_main_grads: the draft gradients of this step were already corrected")
+            raise StepOrderError(
+                "correct_main_grads: the draft gradients of this step were already corrected"
+            )
         if not draft:
             raise ValueError(
                 f"correct_main_grads: an active draft step found no draft-tagged parameter among "
@@ -305,7 +310,9 @@ class DraftStepState:
             return
         if self._phase is StepPhase.IDLE:
             raise StepOrderError(f"{what}: no step in progress; call begin_step first")
-        why = " (this step's DP-global counts are already recorded)" if phase is StepPhase.ACCUMULATING else ""
+        why = (
+            " (this step's DP-global counts are already recorded)" if phase is StepPhase.ACCUMULATING else ""
+        )
         raise StepOrderError(f"{what}: not allowed in phase {self._phase.value}, needs {phase.value}{why}")
 
 

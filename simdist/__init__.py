@@ -1,7 +1,7 @@
 """simdist: run every rank of a DP/PP/TP/CP layout as a thread of one CPU process.
 
-    import simdist
-    results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
+import simdist
+results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
 from .comm_stats import CommCount, CommStats
@@ -34,8 +34,8 @@ __all__ = [
     "Divergence",
     "Fault",
     "FaultPlan",
-    "InjectedFault",
     "Groups",
+    "InjectedFault",
     "Layout",
     "PeerFailedError",
     "RankContext",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .faults import FaultPlan
 from .layout import Layout
@@ -79,17 +80,23 @@ def parse(marker: Any, fn: Callable[..., Any], name: str) -> tuple[list[WorldSpe
     """
     where = f"@pytest.mark.simdist on {name}"
     if marker.args:
-        raise TypeError(f"{where}: takes keyword arguments only (layout=, layouts= or world_size=), "
-                        f"got positional {marker.args!r}")
+        raise TypeError(
+            f"{where}: takes keyword arguments only (layout=, layouts= or world_size=), "
+            f"got positional {marker.args!r}"
+        )
     kwargs = dict(marker.kwargs)
     unknown = sorted(set(kwargs) - set(_WORLD_ARGS) - set(_OPTION_ARGS))
     if unknown:
-        raise TypeError(f"{where}: unknown argument(s) {', '.join(unknown)}; expected "
-                        f"{', '.join(_WORLD_ARGS + _OPTION_ARGS)}")
+        raise TypeError(
+            f"{where}: unknown argument(s) {', '.join(unknown)}; expected "
+            f"{', '.join(_WORLD_ARGS + _OPTION_ARGS)}"
+        )
     given = [a for a in _WORLD_ARGS if a in kwargs]
     if len(given) != 1:
-        raise TypeError(f"{where}: give exactly one of layout=, layouts=, world_size=; got "
-                        f"{', '.join(given) if given else 'none'}")
+        raise TypeError(
+            f"{where}: give exactly one of layout=, layouts=, world_size=; got "
+            f"{', '.join(given) if given else 'none'}"
+        )
     if "ctx" not in inspect.signature(fn).parameters:
         raise TypeError(f"{where}: the test must take a `ctx` argument (each rank's simdist.RankContext)")
     worlds = _worlds(where, given[0], kwargs[given[0]])
@@ -124,11 +131,14 @@ def _check_options(where: str, o: SpmdOptions) -> None:
         raise TypeError(f"{where}: seed must be an int, got {o.seed!r}")
     if o.faults is not None and not isinstance(o.faults, FaultPlan):
         raise TypeError(f"{where}: faults must be a simdist.FaultPlan, got {type(o.faults).__name__}")
-    if o.timeout is not None and (isinstance(o.timeout, bool) or not isinstance(o.timeout, (int, float))
-                                  or not o.timeout > 0):
+    if o.timeout is not None and (
+        isinstance(o.timeout, bool) or not isinstance(o.timeout, (int, float)) or not o.timeout > 0
+    ):
         raise ValueError(f"{where}: timeout must be a positive number of seconds, got {o.timeout!r}")
     if not isinstance(o.trace, (bool, str, os.PathLike)):
-        raise TypeError(f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {o.trace!r}")
+        raise TypeError(
+            f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {o.trace!r}"
+        )
     if not isinstance(o.sim_only, bool):
         raise TypeError(f"{where}: sim_only must be a bool, got {o.sim_only!r}")
     if o.reduction is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _loaded: dict[str, types.ModuleType] = {}
 
@@ -41,11 +42,11 @@ def _load_module(name: str, path: str, root: str) -> types.ModuleType:
         from _pytest.assertion.rewrite import rewrite_asserts
 
         rewrite_asserts(tree, source, path, None)
-    except Exception:  # noqa: BLE001 - plain asserts still fail, only less verbosely
+    except Exception:
         pass
     module = types.ModuleType(name)
     module.__file__ = path
     module.__package__ = name.rpartition(".")[0]
     sys.modules[name] = module
-    exec(compile(tree, path, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
+    exec(compile(tree, path, "exec", dont_inherit=True), module.__dict__)
     return module

@@ -17,8 +17,9 @@ import logging
 import os
 import pickle
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -67,8 +68,11 @@ def quiet_c10d_logs() -> Iterator[None]:
     """
     # pytest attaches its capture handlers even to loggers that do not
     # propagate (c10d's), so the logger itself is switched off for the run.
-    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
-               if name.startswith("c10d-")]
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.Logger.manager.loggerDict)
+        if name.startswith("c10d-")
+    ]
     before = [lg.disabled for lg in loggers]
     for lg in loggers:
         lg.disabled = True
@@ -94,9 +98,16 @@ def run_sim(item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeo
 
     try:
         with quiet_c10d_logs():
-            run(body, layout=world.layout, world_size=None if world.layout else world.world_size,
-                reduction=options.reduction or "rank", seed=options.seed, faults=options.faults,
-                timeout=timeout, trace=trace)
+            run(
+                body,
+                layout=world.layout,
+                world_size=None if world.layout else world.world_size,
+                reduction=options.reduction or "rank",
+                seed=options.seed,
+                faults=options.faults,
+                timeout=timeout,
+                trace=trace,
+            )
     except RankError as err:
         if isinstance(err.__cause__, _OUTCOMES):
             raise err.__cause__ from None  # pytest.skip()/xfail() in the body: that is the outcome
@@ -126,8 +137,10 @@ def _rank_failed(err: RankError, world: WorldSpec, *, here: int | None = None) -
     order = sorted(err.failures, key=lambda r: (err.failures[r] is not first, r))
     lines = [f"{world.describe_rank(r)} failed: {_one_error(err.failures[r])}" for r in order]
     if err.released:
-        lines.append("released by that failure (not failures of their own): rank(s) "
-                     + ", ".join(str(r) for r in sorted(err.released)))
+        lines.append(
+            "released by that failure (not failures of their own): rank(s) "
+            + ", ".join(str(r) for r in sorted(err.released))
+        )
     if here is not None and here not in err.failures:
         lines.append(f"this process is rank {here}, which passed")
     return RankFailed("\n".join(lines))
@@ -150,8 +163,9 @@ def _one_error(exc: BaseException) -> str:
 # ------------------------------------------------------ spawned processes
 
 
-def run_spawned(item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeout: float,
-                backend: str) -> None:
+def run_spawned(
+    item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeout: float, backend: str
+) -> None:
     __tracebackhide__ = True
     from .launch import run_processes
 
@@ -168,8 +182,12 @@ def run_spawned(item: pytest.Function, world: WorldSpec, options: SpmdOptions, t
     target = _target_of(item)
     try:
         run_processes(
-            _remote_call, layout=world.layout, world_size=None if world.layout else world.world_size,
-            backend=backend, device="cuda" if backend == "nccl" else "cpu", timeout=timeout,
+            _remote_call,
+            layout=world.layout,
+            world_size=None if world.layout else world.world_size,
+            backend=backend,
+            device="cuda" if backend == "nccl" else "cpu",
+            timeout=timeout,
             args=(target, kwargs, options.seed),
         )
     except RankError as err:
@@ -200,8 +218,9 @@ def _remote_call(ctx: Any, target: tuple[str, str, str, str], kwargs: dict[str, 
 # ---------------------------------------------------------------- torchrun
 
 
-def run_torchrun(item: pytest.Function, world: WorldSpec, options: SpmdOptions, backend: str,
-                 outcome_group: Any) -> None:
+def run_torchrun(
+    item: pytest.Function, world: WorldSpec, options: SpmdOptions, backend: str, outcome_group: Any
+) -> None:
     """Run this process's rank, then agree with every rank on who failed."""
     __tracebackhide__ = True
     import torch.distributed as dist
@@ -212,8 +231,9 @@ def run_torchrun(item: pytest.Function, world: WorldSpec, options: SpmdOptions, 
     rank = dist.get_rank()
     mine: BaseException | None = None
     try:
-        run_torchrun_rank(lambda ctx: fn(ctx=_with_seed(ctx, options.seed), **kwargs),
-                          layout=world.layout, backend=backend)
+        run_torchrun_rank(
+            lambda ctx: fn(ctx=_with_seed(ctx, options.seed), **kwargs), layout=world.layout, backend=backend
+        )
     except Exception as exc:  # reported below, after every rank has said how it went
         mine = exc
     except _OUTCOMES as exc:  # pytest.skip()/xfail(): also exchanged, peers are about to ask
@@ -223,7 +243,9 @@ def run_torchrun(item: pytest.Function, world: WorldSpec, options: SpmdOptions, 
     outcomes: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, _outcome_of(mine), group=outcome_group)
     failed: dict[int, BaseException] = {
-        r: _PeerFailure(text) for r, (kind, text) in enumerate(o or ("", "") for o in outcomes) if kind == "failed"
+        r: _PeerFailure(text)
+        for r, (kind, text) in enumerate(o or ("", "") for o in outcomes)
+        if kind == "failed"
     }
     if not failed:
         if isinstance(mine, _OUTCOMES):
@@ -253,4 +275,3 @@ def _with_seed(ctx: Any, seed: int) -> Any:
     from dataclasses import replace
 
     return replace(ctx, seed=seed)
-

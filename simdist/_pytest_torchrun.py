@@ -28,8 +28,9 @@ class TorchrunWorld:
                 import os
 
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(backend, init_method="env://",
-                                    timeout=datetime.timedelta(seconds=timeout))
+            dist.init_process_group(
+                backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout)
+            )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         # Outcomes and collection checks are Python objects: gloo carries them

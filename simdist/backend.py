@@ -8,7 +8,8 @@ collective is issued from an autograd thread.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,15 +28,20 @@ class SimWork(dist.Work):
     """A handle on a pending call; ``wait()`` blocks in the scheduler, bounded
     by deadlock detection and the run's watchdog."""
 
-    def __init__(self, scheduler: Scheduler, rank: int, waitable: Waitable | None,
-                 result: list[torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        rank: int,
+        waitable: Waitable | None,
+        result: list[torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self._scheduler = scheduler
         self._rank = rank
         self._waitable = waitable
         self._result = result or []
 
-    def wait(self, timeout: Any = None) -> bool:  # noqa: ARG002 (the run has its own watchdog)
+    def wait(self, timeout: Any = None) -> bool:
         if self._waitable is not None:
             _check_caller(self._scheduler, self._rank, "Work.wait")
             self._scheduler.wait(self._rank, self._waitable)
@@ -70,16 +76,16 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 
 def _one(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     if len(tensors) != 1:
-        raise _refused(UnsupportedOperationError(
-            f"{op}: simdist takes one tensor per rank per call, got {len(tensors)}"
-        ))
+        raise _refused(
+            UnsupportedOperationError(f"{op}: simdist takes one tensor per rank per call, got {len(tensors)}")
+        )
     return tensors[0]
 
 
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated communicator."""
 
-    def __init__(self, world: "WorldHooks", rank: int, group: GroupInfo) -> None:
+    def __init__(self, world: WorldHooks, rank: int, group: GroupInfo) -> None:
         super().__init__(group.ranks.index(rank), len(group.ranks))
         self._world = world
         self._scheduler: Scheduler = world.scheduler
@@ -137,13 +143,18 @@ class SimProcessGroup(dist.ProcessGroup):
         self._seq = seq + 1
         info = self._info
         detached, inference = _detached(payload)
-        call = Call(op, self._global_rank, self._group_rank, (("op", op),) + fingerprint,
-                    stacks.call_site(3), detached, inference)
+        call = Call(
+            op,
+            self._global_rank,
+            self._group_rank,
+            (("op", op),) + fingerprint,
+            stacks.call_site(3),
+            detached,
+            inference,
+        )
         world = self._world
         world.before_call(call, info, seq)
-        pending = self._scheduler.join_collective(
-            info, seq, call, _outside_autograd(complete), world.verify
-        )
+        pending = self._scheduler.join_collective(info, seq, call, _outside_autograd(complete), world.verify)
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
@@ -166,8 +177,11 @@ class SimProcessGroup(dist.ProcessGroup):
                 x.copy_(ts[0])
 
         return self._collective(
-            "all_reduce", (("shape", _shape(t)), ("dtype", t.dtype), ("reduce_op", red)),
-            {"t": t}, complete, [t],
+            "all_reduce",
+            (("shape", _shape(t)), ("dtype", t.dtype), ("reduce_op", red)),
+            {"t": t},
+            complete,
+            [t],
         )
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
@@ -182,8 +196,9 @@ class SimProcessGroup(dist.ProcessGroup):
                     x.copy_(ts[0])
 
         fp = tuple((f"t{i}", (_shape(t), t.dtype)) for i, t in enumerate(tensors))
-        return self._collective("all_reduce_coalesced", fp + (("reduce_op", red),),
-                                {"ts": list(tensors)}, complete, list(tensors))
+        return self._collective(
+            "all_reduce_coalesced", fp + (("reduce_op", red),), {"ts": list(tensors)}, complete, list(tensors)
+        )
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         t = _one(tensors, "broadcast")
@@ -196,8 +211,9 @@ class SimProcessGroup(dist.ProcessGroup):
                 if i != root:
                     c.payload["t"].copy_(src)
 
-        return self._collective("broadcast", (("shape", _shape(t)), ("dtype", t.dtype), ("root", root)),
-                                {"t": t}, complete, [t])
+        return self._collective(
+            "broadcast", (("shape", _shape(t)), ("dtype", t.dtype), ("root", root)), {"t": t}, complete, [t]
+        )
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         t = _one(tensors, "reduce")
@@ -210,12 +226,17 @@ class SimProcessGroup(dist.ProcessGroup):
             ts = [c.payload["t"] for c in calls]
             C.reduce_into(model, ts[root], ts, red, key)
 
-        return self._collective("reduce", (("shape", _shape(t)), ("dtype", t.dtype),
-                                           ("reduce_op", red), ("root", root)),
-                                {"t": t}, complete, [t])
+        return self._collective(
+            "reduce",
+            (("shape", _shape(t)), ("dtype", t.dtype), ("reduce_op", red), ("root", root)),
+            {"t": t},
+            complete,
+            [t],
+        )
 
-    def allgather(self, output_lists: Sequence[Sequence[torch.Tensor]],
-                  inputs: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def allgather(
+        self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         t = _one(inputs, "all_gather")
         outs = list(_one(output_lists, "all_gather"))  # type: ignore[arg-type]
         n = self.size()
@@ -236,8 +257,7 @@ class SimProcessGroup(dist.ProcessGroup):
                         )
                     C.copy_into(o, src)
 
-        return self._collective("all_gather", (("dtype", t.dtype),),
-                                {"t": t, "outs": outs}, complete, outs)
+        return self._collective("all_gather", (("dtype", t.dtype),), {"t": t, "outs": outs}, complete, outs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         n = self.size()
@@ -259,20 +279,28 @@ class SimProcessGroup(dist.ProcessGroup):
                 for j, src in enumerate(srcs):
                     C.copy_into(out.narrow(0, j * k, k), src)
 
-        return self._collective("all_gather_into_tensor", (("shape", _shape(input)), ("dtype", input.dtype)),
-                                {"in": input, "out_flat": out_flat}, complete, [output])
+        return self._collective(
+            "all_gather_into_tensor",
+            (("shape", _shape(input)), ("dtype", input.dtype)),
+            {"in": input, "out_flat": out_flat},
+            complete,
+            [output],
+        )
 
-    def all_gather_single_coalesced(self, outputs: Sequence[torch.Tensor],
-                                    inputs: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def all_gather_single_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _all_of(self._scheduler, self._global_rank, works, list(outputs))
 
-    def allgather_into_tensor_coalesced(self, outputs: Sequence[torch.Tensor],
-                                        inputs: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def allgather_into_tensor_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
-    def reduce_scatter(self, outputs: Sequence[torch.Tensor],
-                       input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None) -> SimWork:
+    def reduce_scatter(
+        self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
+    ) -> SimWork:
         out = _one(outputs, "reduce_scatter")
         ins = list(_one(input_lists, "reduce_scatter"))  # type: ignore[arg-type]
         n = self.size()
@@ -290,10 +318,17 @@ class SimProcessGroup(dist.ProcessGroup):
 
         def complete(calls: list[Call]) -> None:
             for r, c in enumerate(calls):
-                C.reduce_into(model, c.payload["out"], [k.payload["ins"][r] for k in calls], red, f"{key}/{r}")
+                C.reduce_into(
+                    model, c.payload["out"], [k.payload["ins"][r] for k in calls], red, f"{key}/{r}"
+                )
 
-        return self._collective("reduce_scatter", (("shape", _shape(out)), ("dtype", out.dtype), ("reduce_op", red)),
-                                {"out": out, "ins": ins}, complete, [out])
+        return self._collective(
+            "reduce_scatter",
+            (("shape", _shape(out)), ("dtype", out.dtype), ("reduce_op", red)),
+            {"out": out, "ins": ins},
+            complete,
+            [out],
+        )
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         n = self.size()
@@ -314,21 +349,28 @@ class SimProcessGroup(dist.ProcessGroup):
                 parts = [k.payload["in"].narrow(0, r * m, m) for k in calls]
                 C.reduce_into(model, c.payload["out"], parts, red, f"{key}/{r}")
 
-        return self._collective("reduce_scatter_tensor", (("shape", _shape(output)), ("dtype", output.dtype),
-                                                          ("reduce_op", red)),
-                                {"in": in_flat, "out": out_flat}, complete, [output])
+        return self._collective(
+            "reduce_scatter_tensor",
+            (("shape", _shape(output)), ("dtype", output.dtype), ("reduce_op", red)),
+            {"in": in_flat, "out": out_flat},
+            complete,
+            [output],
+        )
 
-    def reduce_scatter_single_coalesced(self, outputs: Sequence[torch.Tensor],
-                                        inputs: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def reduce_scatter_single_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _all_of(self._scheduler, self._global_rank, works, list(outputs))
 
-    def reduce_scatter_tensor_coalesced(self, outputs: Sequence[torch.Tensor],
-                                        inputs: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
-    def gather(self, output_lists: Sequence[Sequence[torch.Tensor]],
-               inputs: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def gather(
+        self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         t = _one(inputs, "gather")
         root = opts.rootRank
         self._check_root(root, "gather")
@@ -336,7 +378,9 @@ class SimProcessGroup(dist.ProcessGroup):
         if self.rank() == root:
             outs = list(_one(output_lists, "gather"))  # type: ignore[arg-type]
             if len(outs) != self.size():
-                raise ValueError(f"gather: gather_list has {len(outs)} tensors, expected group size {self.size()}")
+                raise ValueError(
+                    f"gather: gather_list has {len(outs)} tensors, expected group size {self.size()}"
+                )
             for j, o in enumerate(outs):
                 _same_dtype("gather", f"gather_list[{j}]", o, "tensor", t)
         ranks = self.info.ranks
@@ -351,11 +395,13 @@ class SimProcessGroup(dist.ProcessGroup):
                     )
                 C.copy_into(o, src)
 
-        return self._collective("gather", (("dtype", t.dtype), ("root", root)),
-                                {"t": t, "outs": outs}, complete, outs)
+        return self._collective(
+            "gather", (("dtype", t.dtype), ("root", root)), {"t": t, "outs": outs}, complete, outs
+        )
 
-    def scatter(self, outputs: Sequence[torch.Tensor],
-                input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None) -> SimWork:
+    def scatter(
+        self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
+    ) -> SimWork:
         out = _one(outputs, "scatter")
         root = opts.rootRank
         self._check_root(root, "scatter")
@@ -363,7 +409,9 @@ class SimProcessGroup(dist.ProcessGroup):
         if self.rank() == root:
             ins = list(_one(input_lists, "scatter"))  # type: ignore[arg-type]
             if len(ins) != self.size():
-                raise ValueError(f"scatter: scatter_list has {len(ins)} tensors, expected group size {self.size()}")
+                raise ValueError(
+                    f"scatter: scatter_list has {len(ins)} tensors, expected group size {self.size()}"
+                )
             for j, x in enumerate(ins):
                 _same_dtype("scatter", "tensor", out, f"scatter_list[{j}]", x)
         ranks = self.info.ranks
@@ -379,11 +427,13 @@ class SimProcessGroup(dist.ProcessGroup):
                     )
                 C.copy_into(o, src[j])
 
-        return self._collective("scatter", (("dtype", out.dtype), ("root", root)),
-                                {"out": out, "ins": ins}, complete, [out])
+        return self._collective(
+            "scatter", (("dtype", out.dtype), ("root", root)), {"out": out, "ins": ins}, complete, [out]
+        )
 
-    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                 opts: Any = None) -> SimWork:
+    def alltoall(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
         n = self.size()
         if len(outputs) != n or len(inputs) != n:
             raise ValueError(
@@ -407,17 +457,32 @@ class SimProcessGroup(dist.ProcessGroup):
                     o.copy_(src)
 
         dtypes = {t.dtype for t in list(outputs) + list(inputs)}
-        return self._collective("all_to_all", (("dtypes", tuple(sorted(map(str, dtypes)))),),
-                                {"outs": list(outputs), "ins": list(inputs)}, complete, list(outputs))
+        return self._collective(
+            "all_to_all",
+            (("dtypes", tuple(sorted(map(str, dtypes)))),),
+            {"outs": list(outputs), "ins": list(inputs)},
+            complete,
+            list(outputs),
+        )
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
-                          opts: Any = None) -> SimWork:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> SimWork:
         n = self.size()
-        out_splits = C.check_splits(output_split_sizes, output.shape[0] if output.dim() else 0, n,
-                                    "all_to_all_single output_split_sizes")
-        in_splits = C.check_splits(input_split_sizes, input.shape[0] if input.dim() else 0, n,
-                                   "all_to_all_single input_split_sizes")
+        out_splits = C.check_splits(
+            output_split_sizes,
+            output.shape[0] if output.dim() else 0,
+            n,
+            "all_to_all_single output_split_sizes",
+        )
+        in_splits = C.check_splits(
+            input_split_sizes, input.shape[0] if input.dim() else 0, n, "all_to_all_single input_split_sizes"
+        )
         if output.shape[1:] != input.shape[1:]:
             raise ValueError(
                 f"all_to_all_single: output and input must agree beyond dim 0, got "
@@ -427,15 +492,19 @@ class SimProcessGroup(dist.ProcessGroup):
 
         def complete(calls: list[Call]) -> None:
             C.all_to_all_single(
-                [c.payload["out"] for c in calls], [c.payload["in"] for c in calls],
-                [c.payload["out_splits"] for c in calls], [c.payload["in_splits"] for c in calls],
+                [c.payload["out"] for c in calls],
+                [c.payload["in"] for c in calls],
+                [c.payload["out_splits"] for c in calls],
+                [c.payload["in_splits"] for c in calls],
                 ranks,
             )
 
         return self._collective(
-            "all_to_all_single", (("row_shape", _shape(input)[1:]), ("dtype", input.dtype)),
+            "all_to_all_single",
+            (("row_shape", _shape(input)[1:]), ("dtype", input.dtype)),
             {"out": output, "in": input, "out_splits": out_splits, "in_splits": in_splits},
-            complete, [output],
+            complete,
+            [output],
         )
 
     def barrier(self, opts: Any = None) -> SimWork:
@@ -468,14 +537,18 @@ class SimProcessGroup(dist.ProcessGroup):
         return SimWork(self._scheduler, self._global_rank, op, [t])
 
     def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> SimWork:
-        raise _refused(UnsupportedOperationError(
-            "recv without src (any source) is not supported by simdist: its match would "
-            "depend on thread timing; pass src="
-        ))
+        raise _refused(
+            UnsupportedOperationError(
+                "recv without src (any source) is not supported by simdist: its match would "
+                "depend on thread timing; pass src="
+            )
+        )
 
     def _peer(self, group_rank: int, op: str, arg: str) -> int:
         if not 0 <= group_rank < self.size():
-            raise ValueError(f"{op}: {arg} group rank {group_rank} is outside the group of size {self.size()}")
+            raise ValueError(
+                f"{op}: {arg} group rank {group_rank} is outside the group of size {self.size()}"
+            )
         if group_rank == self.rank():
             raise ValueError(f"{op}: {arg} is this rank itself ({self._global_rank})")
         return self.info.ranks[group_rank]
@@ -483,12 +556,16 @@ class SimProcessGroup(dist.ProcessGroup):
     # -- things a simulated communicator does not have ------------------------------
 
     def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
-        raise _refused(UnsupportedOperationError(
-            "all_gather_coalesced (deprecated in torch) is not supported by simdist"))
+        raise _refused(
+            UnsupportedOperationError(
+                "all_gather_coalesced (deprecated in torch) is not supported by simdist"
+            )
+        )
 
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
-        raise _refused(UnsupportedOperationError(
-            "monitored_barrier is not supported by simdist; use barrier()"))
+        raise _refused(
+            UnsupportedOperationError("monitored_barrier is not supported by simdist; use barrier()")
+        )
 
     def _start_coalescing(self, device: Any) -> None:
         raise _refused(UnsupportedOperationError("coalescing managers are not supported by simdist"))
@@ -634,16 +711,14 @@ def _check_caller(scheduler: Scheduler, rank: int, what: str) -> None:
     )
 
 
-def current_world() -> tuple["WorldHooks", int]:
+def current_world() -> tuple[WorldHooks, int]:
     world = getattr(_current, "world", None)
     if world is None:
-        raise SimulationError(
-            "the 'simdist' backend can only be initialised inside simdist.run(...)"
-        )
+        raise SimulationError("the 'simdist' backend can only be initialised inside simdist.run(...)")
     return world, _current.rank
 
 
-def bind_current(world: "WorldHooks | None", rank: int = -1) -> None:
+def bind_current(world: WorldHooks | None, rank: int = -1) -> None:
     _current.world = world
     _current.rank = rank
 

@@ -31,7 +31,7 @@ import torch.distributed.distributed_c10d as c10d
 _tls = threading.local()
 _install_lock = threading.Lock()
 _runs = 0  # runs in progress
-_live: set["RankWorldState"] = set()  # rank states whose thread has not left yet
+_live: set[RankWorldState] = set()  # rank states whose thread has not left yet
 _saved: dict[str, Any] = {}
 _patched: dict[str, Any] = {}  # c10d functions wrapped while routing is on
 _scopes = itertools.count(1)
@@ -61,11 +61,11 @@ class RankWorldState:
 
 
 def _routed(name: str, settable: bool = False) -> property:
-    def get(self: "_ThreadRoutedWorld") -> Any:
+    def get(self: _ThreadRoutedWorld) -> Any:
         # _target() inlined: c10d reads these several times per collective.
         return getattr(getattr(_tls, "state", None) or self._original, name)
 
-    def set_(self: "_ThreadRoutedWorld", value: Any) -> None:
+    def set_(self: _ThreadRoutedWorld, value: Any) -> None:
         setattr(self._target(), name, value)
 
     return property(get, set_ if settable else None)
@@ -101,6 +101,7 @@ def scoped_name(name: str) -> str:
 
 
 # -- c10d's registry functions, scoped while routing is on --------------------
+
 
 def _register_process_group(name: str, pg: Any) -> None:
     name = scoped_name(name)
@@ -141,15 +142,17 @@ def _unregister_all_process_groups() -> None:
 _REAL_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl"}
 
 
-def _new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any,
-                              *args: Any, **kwargs: Any) -> Any:
+def _new_process_group_helper(
+    group_size: int, group_rank: int, global_ranks: Any, backend: Any, *args: Any, **kwargs: Any
+) -> Any:
     if getattr(_tls, "state", None) is not None and backend is not None:
         # "gloo", or a device map such as "cpu:gloo,cuda:nccl"
         names = {part.split(":")[-1].strip().lower() for part in str(backend).split(",")}
         if names <= _REAL_BACKENDS:
             backend = "simdist"
-    return _patched["_new_process_group_helper"](group_size, group_rank, global_ranks, backend,
-                                                 *args, **kwargs)
+    return _patched["_new_process_group_helper"](
+        group_size, group_rank, global_ranks, backend, *args, **kwargs
+    )
 
 
 _WRAPPERS = {

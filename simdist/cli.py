@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .layout import Layout
 
@@ -34,8 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from .fuzz._cli import add_fuzz_parser, add_replay_parser, fuzz_command, replay_command
         except ImportError as exc:
-            print(f"simdist {argv_list[0]}: needs Hypothesis and pytest, the test extras "
-                  f"(pip install 'simdist[test]'): {exc}", file=sys.stderr)
+            print(
+                f"simdist {argv_list[0]}: needs Hypothesis and pytest, the test extras "
+                f"(pip install 'simdist[test]'): {exc}",
+                file=sys.stderr,
+            )
             return 2
 
         add_fuzz_parser(sub)

@@ -7,7 +7,7 @@ outputs. They run on the thread of the last member to arrive.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -58,9 +58,7 @@ def even_splits(total: int, n: int, what: str) -> list[int]:
     return [total // n] * n
 
 
-def check_splits(
-    splits: Sequence[int], total: int, n: int, what: str
-) -> list[int]:
+def check_splits(splits: Sequence[int], total: int, n: int, what: str) -> list[int]:
     if not splits:
         return even_splits(total, n, what)
     splits = list(splits)

@@ -25,15 +25,16 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = ["CommCount", "CommStats"]
 
 # A tuple of the CommStats active in this thread (nested blocks all count).
 # A ContextVar, not a global: two threads running worlds at once, or two
 # pytest-xdist workers, never see each other's blocks.
-_ACTIVE: contextvars.ContextVar[tuple["CommStats", ...]] = contextvars.ContextVar(
+_ACTIVE: contextvars.ContextVar[tuple[CommStats, ...]] = contextvars.ContextVar(
     "simdist_comm_stats", default=()
 )
 
@@ -45,7 +46,7 @@ class CommCount:
     calls: int = 0
     bytes: int = 0
 
-    def __add__(self, other: "CommCount") -> "CommCount":
+    def __add__(self, other: CommCount) -> CommCount:
         return CommCount(self.calls + other.calls, self.bytes + other.bytes)
 
 
@@ -62,7 +63,7 @@ class CommStats:
         self._token: contextvars.Token[tuple[CommStats, ...]] | None = None
         self.runs = 0
 
-    def __enter__(self) -> "CommStats":
+    def __enter__(self) -> CommStats:
         if self._token is not None:
             raise RuntimeError("this CommStats is already active; use a new CommStats() per with-block")
         self._token = _ACTIVE.set(_ACTIVE.get() + (self,))
@@ -94,8 +95,9 @@ class CommStats:
                 out[r, g, o] = out[r, g, o] + count
         return dict(sorted(out.items()))
 
-    def per_rank(self, *, group: str | None = None, op: str | None = None,
-                 site: str | None = None) -> dict[int, CommCount]:
+    def per_rank(
+        self, *, group: str | None = None, op: str | None = None, site: str | None = None
+    ) -> dict[int, CommCount]:
         """Calls and bytes of each rank that made a matching call.
 
         ``site`` keeps only calls made from a file whose path ends with it
@@ -107,8 +109,14 @@ class CommStats:
                 out[r] = out[r] + count
         return dict(sorted(out.items()))
 
-    def count(self, *, rank: int | None = None, group: str | None = None, op: str | None = None,
-              site: str | None = None) -> CommCount:
+    def count(
+        self,
+        *,
+        rank: int | None = None,
+        group: str | None = None,
+        op: str | None = None,
+        site: str | None = None,
+    ) -> CommCount:
         """Calls and bytes of the matching calls, summed over ranks unless ``rank`` is given."""
         total = CommCount()
         for r, count in self.per_rank(group=group, op=op, site=site).items():
@@ -122,7 +130,10 @@ class CommStats:
         rows += [(str(r), g, o, str(c.calls), str(c.bytes)) for (r, g, o), c in self.summary().items()]
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
         lines = [
-            "  ".join(cell.rjust(w) if i in (0, 3, 4) else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            "  ".join(
+                cell.rjust(w) if i in (0, 3, 4) else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths))
+            )
             for row in rows
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -133,8 +144,9 @@ class CommStats:
 
     # ----------------------------------------------------------- assertions
 
-    def assert_at_most(self, calls: Mapping[str, int] | None = None, *,
-                       bytes: Mapping[str, int] | None = None) -> None:
+    def assert_at_most(
+        self, calls: Mapping[str, int] | None = None, *, bytes: Mapping[str, int] | None = None
+    ) -> None:
         """Every rank stays within a budget, or ``AssertionError`` says which exceeded it.
 
         Keys select calls: ``"dp"`` (a group), ``"dp:all_reduce"`` (a group's
@@ -147,17 +159,20 @@ class CommStats:
         for what, budget in (("calls", calls), ("bytes", bytes)):
             for key, limit in (budget or {}).items():
                 if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-                    raise ValueError(f"assert_at_most: the {what} limit for {key!r} must be an int >= 0, got {limit!r}")
+                    raise ValueError(
+                        f"assert_at_most: the {what} limit for {key!r} must be an int >= 0, got {limit!r}"
+                    )
                 group, op = _parse_key(key)
                 for r, count in self.per_rank(group=group, op=op).items():
                     value = getattr(count, what)
                     if value > limit:
                         problems.append(f"rank {r}: {value} {what} on {key!r}, budget {limit}")
         if problems:
-            raise AssertionError("communication budget exceeded:\n  " + "\n  ".join(problems)
-                                 + "\n" + self.table())
+            raise AssertionError(
+                "communication budget exceeded:\n  " + "\n  ".join(problems) + "\n" + self.table()
+            )
 
-    def assert_same_as(self, other: "CommStats", *, group: str | None = None, op: str | None = None) -> None:
+    def assert_same_as(self, other: CommStats, *, group: str | None = None, op: str | None = None) -> None:
         """Both saw the same calls and bytes per (rank, group, op); else ``AssertionError`` with the difference."""
         mine = {k: v for k, v in self.summary().items() if _matches(k[1], k[2], group, op)}
         theirs = {k: v for k, v in other.summary().items() if _matches(k[1], k[2], group, op)}
@@ -168,8 +183,10 @@ class CommStats:
             a, b = mine.get(key, CommCount()), theirs.get(key, CommCount())
             if a != b:
                 r, g, o = key
-                lines.append(f"rank {r} {g} {o}: {a.calls} calls / {a.bytes} B here, "
-                             f"{b.calls} calls / {b.bytes} B there")
+                lines.append(
+                    f"rank {r} {g} {o}: {a.calls} calls / {a.bytes} B here, "
+                    f"{b.calls} calls / {b.bytes} B there"
+                )
         raise AssertionError("communication differs:\n  " + "\n  ".join(lines))
 
 

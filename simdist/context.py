@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .layout import COMPOSITE_AXES, AXES, Coords, Layout
+from .layout import AXES, COMPOSITE_AXES, Coords, Layout
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,6 @@ def build_groups(layout: Layout | None) -> Groups:
             # The description names every axis sharing the group ("dp/dp_cp");
             # it is identical on all members, and reports use it.
             desc = "/".join(a for a in axes if members[a] == ranks)
-            made[ranks] = dist.new_group(
-                list(ranks), use_local_synchronization=True, group_desc=desc
-            )
+            made[ranks] = dist.new_group(list(ranks), use_local_synchronization=True, group_desc=desc)
         by_axis[axis] = made[ranks]
     return Groups(world=world, by_axis=by_axis)

@@ -32,8 +32,8 @@ def _rank_step(ctx: RankContext) -> tuple[float, torch.Tensor]:
     tp, _, dp, pp = ctx.coords
     cols = HIDDEN // layout.tp
     w_full = _weights(layout.pp, layout.tp)[pp]
-    w = w_full[:, tp * cols:(tp + 1) * cols].clone().requires_grad_(True)
-    x = _batch(layout.dp)[dp * BATCH_PER_DP:(dp + 1) * BATCH_PER_DP]
+    w = w_full[:, tp * cols : (tp + 1) * cols].clone().requires_grad_(True)
+    x = _batch(layout.dp)[dp * BATCH_PER_DP : (dp + 1) * BATCH_PER_DP]
     if pp > 0:  # activations arrive from the previous stage
         x = torch.empty(BATCH_PER_DP, HIDDEN, dtype=torch.float64)
         dist.recv(x, src=layout.rank_of(tp=tp, dp=dp, pp=pp - 1))
@@ -87,11 +87,13 @@ def demo(layout: Layout | None = None) -> int:
     worst = 0.0
     for rank, (loss, grad) in enumerate(results):
         c = layout.coords(rank)
-        expect = ref_grads[c.pp][:, c.tp * cols:(c.tp + 1) * cols]
+        expect = ref_grads[c.pp][:, c.tp * cols : (c.tp + 1) * cols]
         worst = max(worst, float((grad - expect).abs().max()), abs(loss - ref_loss))
         print(f"  rank {rank} {c}: loss {loss:.6f}  |grad| {float(grad.norm()):.6f}")
-    print(f"single-process reference loss {ref_loss:.6f}; worst difference {worst:.2e}; "
-          f"simulation took {elapsed * 1e3:.0f} ms")
+    print(
+        f"single-process reference loss {ref_loss:.6f}; worst difference {worst:.2e}; "
+        f"simulation took {elapsed * 1e3:.0f} ms"
+    )
     ok = worst < 1e-12
     print("parity OK" if ok else "PARITY FAILED")
     return 0 if ok else 1

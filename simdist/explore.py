@@ -10,8 +10,9 @@ that produce it, and each replays bitwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -40,8 +41,10 @@ class Divergence:
     def __str__(self) -> str:
         if not self.found:
             return f"no difference from rank order in {self.schedules} random schedule(s)"
-        return (f"schedule='random', schedule_seed={self.schedule_seed} differs from "
-                f"schedule='rank' (run seed={self.seed}): {self.what}")
+        return (
+            f"schedule='random', schedule_seed={self.schedule_seed} differs from "
+            f"schedule='rank' (run seed={self.seed}): {self.what}"
+        )
 
 
 class _Records(CommStats):
@@ -55,8 +58,15 @@ class _Records(CommStats):
         per_rank: dict[int, list[tuple[Any, ...]]] = {}
         for rec in records:
             per_rank.setdefault(rec.rank, []).append(
-                (rec.group.label, rec.seq, rec.op, tuple(map(tuple, rec.shapes)),
-                 tuple(map(str, rec.dtypes)), rec.state))
+                (
+                    rec.group.label,
+                    rec.seq,
+                    rec.op,
+                    tuple(map(tuple, rec.shapes)),
+                    tuple(map(str, rec.dtypes)),
+                    rec.state,
+                )
+            )
         self.calls = [(r, tuple(per_rank[r])) for r in sorted(per_rank)]
 
 
@@ -101,8 +111,9 @@ def _first_difference(a: Any, b: Any, where: str = "results") -> str | None:
     return None if same else f"{where}: {a!r} vs {b!r}"
 
 
-def explore(body: Callable[..., Any], *, schedules: int = 20, seed: int = 0, run_seed: int = 0,
-            **run_kwargs: Any) -> Divergence:
+def explore(
+    body: Callable[..., Any], *, schedules: int = 20, seed: int = 0, run_seed: int = 0, **run_kwargs: Any
+) -> Divergence:
     """Run ``body`` under rank order, then under ``schedules`` seeded random
     schedules (schedule seeds ``seed``, ``seed + 1``, ...); return the first
     whose per-rank results or per-rank flight record differ from rank order.
@@ -128,6 +139,7 @@ def explore(body: Callable[..., Any], *, schedules: int = 20, seed: int = 0, run
             rank = next((a[0] for a, b in zip(base_calls, calls) if a != b), None)
             what = f"the flight record of rank {rank} differs (calls made, or their order or outcome)"
         if what is not None:
-            return Divergence(schedules=i + 1, seed=run_seed, schedule_seed=s, what=what,
-                              baseline=base, outcome=got)
+            return Divergence(
+                schedules=i + 1, seed=run_seed, schedule_seed=s, what=what, baseline=base, outcome=got
+            )
     return Divergence(schedules=schedules, seed=run_seed, baseline=base, outcome=base)

@@ -9,8 +9,9 @@ Plans add up (``plan_a + plan_b``) and can be drawn from a seed.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,9 +23,21 @@ KINDS = ("crash", "timeout", "abort", "corrupt", "delay")
 CORRUPT_MODES = ("nan", "inf", "sign", "bitflip")
 # The op names simdist's process group records (what a fault's ``op`` matches).
 OPS = (
-    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
-    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
-    "all_to_all", "all_to_all_single", "barrier", "send", "recv",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "send",
+    "recv",
 )
 _GROUP_AXES = AXES + tuple(COMPOSITE_AXES) + ("world",)
 
@@ -51,16 +64,22 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"fault kind must be one of {KINDS}, got {self.kind!r}")
-        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0):
+        if self.rank is not None and (
+            isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
+        ):
             raise ValueError(f"fault rank must be a non-negative int, got {self.rank!r}")
         for axis, index in self.where:
             if axis not in AXES or not isinstance(index, int) or index < 0:
-                raise ValueError(f"fault coordinates must be axis=index with axis in {AXES}, got {axis}={index!r}")
+                raise ValueError(
+                    f"fault coordinates must be axis=index with axis in {AXES}, got {axis}={index!r}"
+                )
         if self.op is not None and self.op not in OPS:
             raise ValueError(f"fault op must be one of {OPS} (or None for any op), got {self.op!r}")
         if self.kind == "corrupt" and self.op in ("barrier", "recv"):
-            raise ValueError(f"a corrupt fault needs a call that sends data; {self.op!r} sends none "
-                             f"(corrupt the matching send instead)")
+            raise ValueError(
+                f"a corrupt fault needs a call that sends data; {self.op!r} sends none "
+                f"(corrupt the matching send instead)"
+            )
         if self.group is not None and self.group not in _GROUP_AXES:
             raise ValueError(f"fault group must be one of {_GROUP_AXES}, got {self.group!r}")
         if not isinstance(self.nth, int) or self.nth < 1:
@@ -69,29 +88,41 @@ class Fault:
             raise ValueError(f"fault seq must be a non-negative int, got {self.seq!r}")
         if self.mode not in CORRUPT_MODES:
             raise ValueError(f"corrupt mode must be one of {CORRUPT_MODES}, got {self.mode!r}")
-        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not self.seconds >= 0:
+        if (
+            isinstance(self.seconds, bool)
+            or not isinstance(self.seconds, (int, float))
+            or not self.seconds >= 0
+        ):
             raise ValueError(f"delay seconds must be >= 0, got {self.seconds!r}")
 
     def check_world(self, layout: Layout | None, world_size: int) -> None:
         """Refuse a fault that could never fire in this world (a typo would
         otherwise make a fault test pass vacuously)."""
         if self.rank is not None and self.rank >= world_size:
-            raise ValueError(f"fault {self.describe()}: rank {self.rank} is outside the world of size {world_size}")
+            raise ValueError(
+                f"fault {self.describe()}: rank {self.rank} is outside the world of size {world_size}"
+            )
         if self.where:
             if layout is None:
-                raise ValueError(f"fault {self.describe()} selects ranks by coordinates, but the world has no layout")
+                raise ValueError(
+                    f"fault {self.describe()} selects ranks by coordinates, but the world has no layout"
+                )
             for axis, index in self.where:
                 if index >= getattr(layout, axis):
                     raise ValueError(f"fault {self.describe()}: {axis}={index} is outside {layout}")
         if layout is None and self.group not in (None, "world"):
-            raise ValueError(f"fault {self.describe()}: a flat world has no {self.group!r} group, only 'world'")
+            raise ValueError(
+                f"fault {self.describe()}: a flat world has no {self.group!r} group, only 'world'"
+            )
 
     def picks_rank(self, rank: int, layout: Layout | None) -> bool:
         if self.rank is not None and rank != self.rank:
             return False
         if self.where:
             if layout is None:
-                raise ValueError(f"fault {self.describe()} selects ranks by coordinates, but the world has no layout")
+                raise ValueError(
+                    f"fault {self.describe()} selects ranks by coordinates, but the world has no layout"
+                )
             c = layout.coords(rank)._asdict()
             return all(c[a] == i for a, i in self.where)
         return True
@@ -104,8 +135,11 @@ class Fault:
         return self.seq is None or seq == self.seq
 
     def describe(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else (
-            " ".join(f"{a}={i}" for a, i in self.where) or "every rank")
+        who = (
+            f"rank {self.rank}"
+            if self.rank is not None
+            else (" ".join(f"{a}={i}" for a, i in self.where) or "every rank")
+        )
         when = f"seq {self.seq}" if self.seq is not None else f"call #{self.nth}"
         return f"{self.kind} {who} at {when} of {self.op or 'any op'} on {self.group or 'any group'}"
 
@@ -120,7 +154,7 @@ def _coords(rank: int | Mapping[str, int] | None) -> tuple[int | None, tuple[tup
 class FaultPlan:
     faults: tuple[Fault, ...] = ()
 
-    def __add__(self, other: "FaultPlan") -> "FaultPlan":
+    def __add__(self, other: FaultPlan) -> FaultPlan:
         if not isinstance(other, FaultPlan):
             return NotImplemented
         return FaultPlan(self.faults + other.faults)
@@ -129,52 +163,104 @@ class FaultPlan:
         return bool(self.faults)
 
     @classmethod
-    def _one(cls, kind: str, rank: Any, **kw: Any) -> "FaultPlan":
+    def _one(cls, kind: str, rank: Any, **kw: Any) -> FaultPlan:
         r, where = _coords(rank)
         return cls((Fault(kind, rank=r, where=where, **kw),))
 
     @classmethod
-    def crash(cls, rank: int | Mapping[str, int], *, op: str | None = None, group: str | None = None,
-              nth: int = 1, seq: int | None = None) -> "FaultPlan":
+    def crash(
+        cls,
+        rank: int | Mapping[str, int],
+        *,
+        op: str | None = None,
+        group: str | None = None,
+        nth: int = 1,
+        seq: int | None = None,
+    ) -> FaultPlan:
         """Raise ``InjectedFault`` in ``rank`` at its nth matching call."""
         return cls._one("crash", rank, op=op, group=group, nth=nth, seq=seq)
 
     @classmethod
-    def timeout(cls, rank: int | Mapping[str, int], *, op: str | None = None, group: str | None = None,
-                nth: int = 1, seq: int | None = None) -> "FaultPlan":
+    def timeout(
+        cls,
+        rank: int | Mapping[str, int],
+        *,
+        op: str | None = None,
+        group: str | None = None,
+        nth: int = 1,
+        seq: int | None = None,
+    ) -> FaultPlan:
         """The call never completes on ``rank``: every member gets a backend error."""
         return cls._one("timeout", rank, op=op, group=group, nth=nth, seq=seq)
 
     @classmethod
-    def abort(cls, rank: int | Mapping[str, int] | None = None, *, op: str | None = None,
-              group: str | None = None, nth: int = 1, seq: int | None = None) -> "FaultPlan":
+    def abort(
+        cls,
+        rank: int | Mapping[str, int] | None = None,
+        *,
+        op: str | None = None,
+        group: str | None = None,
+        nth: int = 1,
+        seq: int | None = None,
+    ) -> FaultPlan:
         """Abort the communicator: pending and later calls on it fail on all members."""
         return cls._one("abort", rank, op=op, group=group, nth=nth, seq=seq)
 
     @classmethod
-    def corrupt(cls, rank: int | Mapping[str, int], *, mode: str = "nan", op: str | None = None,
-                group: str | None = None, nth: int = 1, seq: int | None = None) -> "FaultPlan":
+    def corrupt(
+        cls,
+        rank: int | Mapping[str, int],
+        *,
+        mode: str = "nan",
+        op: str | None = None,
+        group: str | None = None,
+        nth: int = 1,
+        seq: int | None = None,
+    ) -> FaultPlan:
         """Corrupt ``rank``'s contribution: NaN, Inf, a sign flip or a bit flip."""
         return cls._one("corrupt", rank, op=op, group=group, nth=nth, seq=seq, mode=mode)
 
     @classmethod
-    def delay(cls, rank: int | Mapping[str, int], seconds: float = 0.05, *, op: str | None = None,
-              group: str | None = None, nth: int = 1, seq: int | None = None) -> "FaultPlan":
+    def delay(
+        cls,
+        rank: int | Mapping[str, int],
+        seconds: float = 0.05,
+        *,
+        op: str | None = None,
+        group: str | None = None,
+        nth: int = 1,
+        seq: int | None = None,
+    ) -> FaultPlan:
         """Hold ``rank`` back before the call, to expose arrival-order assumptions."""
         return cls._one("delay", rank, op=op, group=group, nth=nth, seq=seq, seconds=seconds)
 
     @classmethod
-    def random(cls, seed: int, world: Layout | int, *, count: int = 1, kinds: Iterable[str] = KINDS,
-               ops: Iterable[str] = ("all_reduce",), max_nth: int = 3) -> "FaultPlan":
+    def random(
+        cls,
+        seed: int,
+        world: Layout | int,
+        *,
+        count: int = 1,
+        kinds: Iterable[str] = KINDS,
+        ops: Iterable[str] = ("all_reduce",),
+        max_nth: int = 3,
+    ) -> FaultPlan:
         """``count`` faults drawn deterministically from ``seed``."""
         rng = random.Random(seed)
         kinds, ops = tuple(kinds), tuple(ops)
         if not kinds or not ops:
-            raise ValueError(f"FaultPlan.random needs at least one kind and one op, got kinds={kinds} ops={ops}")
+            raise ValueError(
+                f"FaultPlan.random needs at least one kind and one op, got kinds={kinds} ops={ops}"
+            )
         size = world.world_size if isinstance(world, Layout) else int(world)
         faults = tuple(
-            Fault(rng.choice(kinds), rank=rng.randrange(size), op=rng.choice(ops),
-                  nth=rng.randint(1, max_nth), mode=rng.choice(CORRUPT_MODES))
+            Fault(
+                rng.choice(kinds),
+                rank=rng.randrange(size),
+                op=rng.choice(ops),
+                nth=rng.randint(1, max_nth),
+                mode=rng.choice(CORRUPT_MODES),
+            )
             for _ in range(count)
         )
         return cls(faults)
@@ -222,8 +308,12 @@ def corrupt_(t: torch.Tensor, mode: str) -> None:
         if t.dtype == torch.bool:
             first.logical_not_()
         elif t.dtype.is_floating_point:
-            bits = {torch.float64: torch.int64, torch.float32: torch.int32,
-                    torch.float16: torch.int16, torch.bfloat16: torch.int16}[t.dtype]
+            bits = {
+                torch.float64: torch.int64,
+                torch.float32: torch.int32,
+                torch.float16: torch.int16,
+                torch.bfloat16: torch.int16,
+            }[t.dtype]
             # Bit width-2 is the exponent's top bit: flipping it turns a normal
             # number into a huge or tiny one, like a real memory bit flip.
             first.view(bits).bitwise_xor_(1 << (torch.finfo(t.dtype).bits - 2))
@@ -257,4 +347,3 @@ class FaultState:
         for f in hits:
             self.fired.append(f"rank {rank}: {f.describe()} -> {op} on {group_label} seq {seq}")
         return hits
-

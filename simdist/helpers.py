@@ -65,7 +65,7 @@ def _start(self: threading.Thread) -> None:
         scheduler.bind_helper(helper)
         try:
             body()
-        except BaseException as exc:  # noqa: BLE001 - reported as the rank's failure
+        except BaseException as exc:
             world.helper_failed(rank, helper.name, exc)
         finally:
             # A stop request (an async exception: the rank ended, the watchdog)
@@ -129,8 +129,9 @@ def _rank_owns(executor: Any, scheduler: Scheduler, rank: int) -> bool:
     return owner is not None and owner[0] is scheduler and owner[1] == rank
 
 
-def _submit(self: concurrent.futures.ThreadPoolExecutor, fn: Any, /, *args: Any,
-            **kwargs: Any) -> concurrent.futures.Future:
+def _submit(
+    self: concurrent.futures.ThreadPoolExecutor, fn: Any, /, *args: Any, **kwargs: Any
+) -> concurrent.futures.Future:
     """A work item submitted by a rank to its own pool keeps the rank
     unblocked until a worker starts it; the worker is busy while it runs it.
     Work given to a pool from outside the rank is that pool's business: a
@@ -217,11 +218,14 @@ def install() -> None:
     global _installs
     with _lock:
         if _installs == 0:
-            _originals.update(start=threading.Thread.start, join=threading.Thread.join,
-                              result=concurrent.futures.Future.result,
-                              exception=concurrent.futures.Future.exception,
-                              submit=concurrent.futures.ThreadPoolExecutor.submit,
-                              executor_init=concurrent.futures.ThreadPoolExecutor.__init__)
+            _originals.update(
+                start=threading.Thread.start,
+                join=threading.Thread.join,
+                result=concurrent.futures.Future.result,
+                exception=concurrent.futures.Future.exception,
+                submit=concurrent.futures.ThreadPoolExecutor.submit,
+                executor_init=concurrent.futures.ThreadPoolExecutor.__init__,
+            )
             concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]
             threading.Thread.start = _start  # type: ignore[method-assign]
             threading.Thread.join = _join  # type: ignore[method-assign]

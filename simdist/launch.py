@@ -32,8 +32,9 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -167,9 +168,7 @@ def _check_world(layout: Layout | None, world_size: int | None) -> int:
     if layout is None and world_size is None:
         raise ValueError("run_processes needs layout=Layout(...) or world_size=N, got neither")
     if layout is not None and world_size is not None and layout.world_size != world_size:
-        raise ValueError(
-            f"world_size={world_size} disagrees with {layout} (world size {layout.world_size})"
-        )
+        raise ValueError(f"world_size={world_size} disagrees with {layout} (world size {layout.world_size})")
     return layout.world_size if layout is not None else world_size  # type: ignore[return-value]
 
 
@@ -188,8 +187,10 @@ def _check_options(
         raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        timeout > 0 and math.isfinite(timeout)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not (timeout > 0 and math.isfinite(timeout))
     ):
         raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
     if backend not in ("gloo", "nccl"):
@@ -324,11 +325,13 @@ def _collect(
         returned = sorted(r for r, o in outcomes.items() if o is not None and o.ok)
         parts = [f"ranks {running} were still running their body"] if running else []
         if returned:
-            parts.append(f"ranks {returned} had returned (any still waiting for their peers to finish "
-                         f"were killed too)")
+            parts.append(
+                f"ranks {returned} had returned (any still waiting for their peers to finish were killed too)"
+            )
         raise SimulationTimeout(
-            f"the world did not finish within timeout={timeout}s: " + "; ".join(parts)
-            + f"; every process has been killed"
+            f"the world did not finish within timeout={timeout}s: "
+            + "; ".join(parts)
+            + "; every process has been killed"
         )
 
     own = {r: o for r, o in errors.items() if not o.is_transport_error}
@@ -352,7 +355,7 @@ def _collect(
             why = (
                 f"rank {rank} exited with code {exitcodes[rank]}, no traceback: it crashed, was "
                 f"killed by the OS, or failed while starting (its stderr says why; a script "
-                f"that launches worlds needs an `if __name__ == \"__main__\":` guard)"
+                f'that launches worlds needs an `if __name__ == "__main__":` guard)'
             )
             failures[rank] = RemoteError(why)
             lines.append(why)
@@ -428,7 +431,7 @@ def _worker_main(
         dist.barrier()
         value = _to_cpu(fn(ctx, *args, **kwargs))
         _write_outcome(outcome_path, _ok_outcome(rank, value))
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+    except BaseException as exc:
         _write_outcome(outcome_path, _error_outcome(exc))
         # Leave at once: our sockets closing is what tells peers blocked in a
         # collective with us that we are gone (instead of their long timeout).
@@ -557,9 +560,7 @@ def run_torchrun_rank(
     """
     missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
     if missing:
-        raise RuntimeError(
-            f"run_torchrun_rank needs torchrun's environment; missing {', '.join(missing)}"
-        )
+        raise RuntimeError(f"run_torchrun_rank needs torchrun's environment; missing {', '.join(missing)}")
     world_size = int(os.environ["WORLD_SIZE"])
     if layout is not None and layout.world_size != world_size:
         raise ValueError(f"{layout} has world size {layout.world_size}, torchrun started {world_size}")

@@ -39,10 +39,7 @@ class Layout:
         for axis in AXES:
             size = getattr(self, axis)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(
-                    f"Layout.{axis} must be a positive int, got {size!r} "
-                    f"({self._describe()})"
-                )
+                raise ValueError(f"Layout.{axis} must be a positive int, got {size!r} ({self._describe()})")
         product = self.tp * self.cp * self.dp * self.pp
         if self.world_size is None:
             object.__setattr__(self, "world_size", product)
@@ -105,9 +102,7 @@ class Layout:
         if axis == "world":
             return [list(range(self.world_size))]  # type: ignore[arg-type]
         if axis not in AXES and axis not in COMPOSITE_AXES:
-            raise ValueError(
-                f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}"
-            )
+            raise ValueError(f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}")
         # Each group once, from its lowest rank: O(world) in all (every rank of
         # a Megatron-style program may list every group).
         groups: list[list[int]] = []
@@ -134,9 +129,7 @@ class Layout:
         elif axis in COMPOSITE_AXES:
             varying = COMPOSITE_AXES[axis]
         else:
-            raise ValueError(
-                f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}"
-            )
+            raise ValueError(f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}")
         # Rank = sum of coordinate * stride (Megatron order); members differ
         # from ``rank`` only in the varying axes' terms.
         coords = self.coords(rank)._asdict()

@@ -9,7 +9,8 @@ memory written by one member and read or written by another, and names both.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -58,7 +59,10 @@ def _really_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     of one buffer, such as two columns of a matrix, interleave without sharing)."""
     if a.is_contiguous() and b.is_contiguous():
         return True
-    if a.element_size() != b.element_size() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    if (
+        a.element_size() != b.element_size()
+        or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    ):
         return True  # conservative
 
     def offsets(t: torch.Tensor) -> torch.Tensor:
@@ -91,7 +95,7 @@ def check_members_disjoint(op: str, group: Any, seq: int, calls: Sequence[Any]) 
         nxt = entries[i + 1]
         if nxt[0] != dev or nxt[1] >= hi:
             continue  # sorted by start: nothing later can overlap this one either
-        for dev2, lo2, hi2, member2, written2, name2, t2 in entries[i + 1:]:
+        for dev2, lo2, hi2, member2, written2, name2, t2 in entries[i + 1 :]:
             if dev2 != dev or lo2 >= hi:
                 break
             if member2 == member or not (written or written2) or not _really_overlap(t, t2):

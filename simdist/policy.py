@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from typing import Callable
+from collections.abc import Callable
 
 SCHEDULES = ("rank", "random", "concurrent")
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 
@@ -34,18 +35,24 @@ _TORCHRUN = pytest.StashKey[Any]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("simdist")
     group.addoption(
-        "--simdist-profile", choices=PROFILES, default=os.environ.get("SIMDIST_PROFILE", "ci"),
+        "--simdist-profile",
+        choices=PROFILES,
+        default=os.environ.get("SIMDIST_PROFILE", "ci"),
         help="dev: quick loop; ci (default): slow tests skipped, derandomised Hypothesis; "
-             "nightly: every test, many examples (also SIMDIST_PROFILE)",
+        "nightly: every test, many examples (also SIMDIST_PROFILE)",
     )
     group.addoption(
-        "--simdist-timeout", type=float, default=120.0,
+        "--simdist-timeout",
+        type=float,
+        default=120.0,
         help="watchdog timeout in seconds for each simdist_run call and simdist-marked test (default 120)",
     )
     group.addoption(
-        "--simdist-backend", choices=BACKENDS, default="sim",
+        "--simdist-backend",
+        choices=BACKENDS,
+        default="sim",
         help="where @pytest.mark.simdist tests run: sim (default, threads in this process), "
-             "gloo (spawned processes, or the torchrun world), nccl (one GPU per rank)",
+        "gloo (spawned processes, or the torchrun world), nccl (one GPU per rank)",
     )
 
 
@@ -110,7 +117,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if cuda is None:
                 import torch
 
-                cuda = (torch.cuda.is_available(), torch.cuda.device_count() if torch.cuda.is_available() else 0)
+                cuda = (
+                    torch.cuda.is_available(),
+                    torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                )
             if "gpu" in item.keywords and not cuda[0]:
                 item.add_marker(pytest.mark.skip(reason="gpu: CUDA is not available here"))
         spec = _spec_of(item)
@@ -119,23 +129,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         world, options = spec
         why = options.sim_only_reason()
         if why is not None:
-            item.add_marker(pytest.mark.skip(reason=f"simulator only, not on --simdist-backend={backend}: {why}"))
+            item.add_marker(
+                pytest.mark.skip(reason=f"simulator only, not on --simdist-backend={backend}: {why}")
+            )
         elif torchrun is not None and world.world_size != torchrun.world_size:
-            item.add_marker(pytest.mark.skip(
-                reason=f"{world.id} needs {world.world_size} ranks; torchrun started {torchrun.world_size}"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"{world.id} needs {world.world_size} ranks; torchrun started {torchrun.world_size}"
+                )
+            )
         elif torchrun is None and backend == "nccl" and cuda is not None and cuda[1] < world.world_size:
-            item.add_marker(pytest.mark.skip(
-                reason=f"nccl: {world.id} needs {world.world_size} GPUs (one per rank); "
-                       f"this machine has {cuda[1]}"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"nccl: {world.id} needs {world.world_size} GPUs (one per rank); "
+                    f"this machine has {cuda[1]}"
+                )
+            )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     torchrun = session.config.stash.get(_TORCHRUN, None)
     if torchrun is not None:
-        torchrun.check_same_collection([
-            item.nodeid for item in session.items
-            if _spec_of(item) is not None and not item.get_closest_marker("skip")
-        ])
+        torchrun.check_same_collection(
+            [
+                item.nodeid
+                for item in session.items
+                if _spec_of(item) is not None and not item.get_closest_marker("skip")
+            ]
+        )
 
 
 @pytest.hookimpl(tryfirst=True)

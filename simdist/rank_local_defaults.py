@@ -40,7 +40,7 @@ import threading
 import types
 from typing import Any
 
-from .rank_state import _Slot, _attr_slot, _module_slot, attr_slot_name, module_slot_name
+from .rank_state import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
 
 # Megatron-core modules whose globals are process state (see the module doc).
 MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.tensor_parallel.random")

@@ -26,7 +26,8 @@ import random
 import struct
 import threading
 import types
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -44,11 +45,17 @@ class _Slot:
     writing a value the process already holds. It returns None when it cannot
     vouch for the current state (then the state is always read)."""
 
-    __slots__ = ("name", "get", "set", "copy", "fingerprint", "close")
+    __slots__ = ("close", "copy", "fingerprint", "get", "name", "set")
 
-    def __init__(self, name: str, get: Callable[[], Any], set_: Callable[[Any], None],
-                 copy_: Callable[[Any], Any], fingerprint: Callable[[], Any] | None = None,
-                 close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        get: Callable[[], Any],
+        set_: Callable[[Any], None],
+        copy_: Callable[[Any], Any],
+        fingerprint: Callable[[], Any] | None = None,
+        close: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
         self.get = get
         self.set = set_
@@ -111,13 +118,15 @@ def _builtin_slots() -> list[_Slot]:
         _Slot("random", random.getstate, random.setstate, _same, _python_random_fingerprint()),
     ]
     if _np is not None:
-        slots.append(_Slot("numpy.random", _np.random.get_state, _np.random.set_state, _same,
-                           _numpy_fingerprint()))
+        slots.append(
+            _Slot("numpy.random", _np.random.get_state, _np.random.set_state, _same, _numpy_fingerprint())
+        )
     # Only touch CUDA when the caller already has: initialising it here would
     # cost seconds and may fail on a machine without a driver.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        slots.append(_Slot("torch.cuda generators", torch.cuda.get_rng_state_all,
-                           torch.cuda.set_rng_state_all, _same))
+        slots.append(
+            _Slot("torch.cuda generators", torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all, _same)
+        )
     return slots
 
 
@@ -129,8 +138,9 @@ def _module_slot(module: types.ModuleType) -> _Slot:
     classes, modules) and dunders are code, shared like code: rebinding one
     (monkeypatching) is not tracked. Every other name is state."""
     namespace = module.__dict__
-    code = frozenset(k for k, v in namespace.items()
-                     if isinstance(v, _CODE) or (k.startswith("__") and k.endswith("__")))
+    code = frozenset(
+        k for k, v in namespace.items() if isinstance(v, _CODE) or (k.startswith("__") and k.endswith("__"))
+    )
     lookup: list[Any] = [None, -1]  # itemgetter over the state names, namespace size it was built for
 
     def state_names() -> list[str]:
@@ -165,8 +175,11 @@ def _module_slot(module: types.ModuleType) -> _Slot:
             values = lookup[0](namespace)
         except KeyError:  # names added or removed: look again
             names = state_names()
-            lookup[0] = (lambda ns: ()) if not names else (
-                (lambda ns, k=names[0]: (ns[k],)) if len(names) == 1 else operator.itemgetter(*names))
+            lookup[0] = (
+                (lambda ns: ())
+                if not names
+                else ((lambda ns, k=names[0]: (ns[k],)) if len(names) == 1 else operator.itemgetter(*names))
+            )
             lookup[1] = len(namespace)
             values = lookup[0](namespace)
         return tuple(map(id, values))
@@ -190,9 +203,13 @@ def _attr_slot(obj: Any, attr: str) -> _Slot:
 
     # As for modules: the held value is a reference, so only rebinding the
     # attribute needs a new read (and the held object keeps its id unique).
-    return _Slot(attr_slot_name(obj, attr), lambda: getattr(obj, attr, missing), set_,
-                 lambda v: v if v is missing else _copy_value(v),
-                 lambda: id(getattr(obj, attr, missing)))
+    return _Slot(
+        attr_slot_name(obj, attr),
+        lambda: getattr(obj, attr, missing),
+        set_,
+        lambda v: v if v is missing else _copy_value(v),
+        lambda: id(getattr(obj, attr, missing)),
+    )
 
 
 def attr_slot_name(obj: Any, attr: str) -> str:
@@ -202,8 +219,10 @@ def attr_slot_name(obj: Any, attr: str) -> str:
 def resolve_rank_local(entries: Sequence[Any]) -> list[_Slot]:
     """Turn ``rank_local=[...]`` entries into slots, refusing bad ones clearly."""
     if isinstance(entries, (str, bytes)) or not isinstance(entries, (list, tuple)):
-        raise TypeError(f"rank_local must be a list of module names, modules or (object, 'attr') "
-                        f"pairs, got {type(entries).__name__}")
+        raise TypeError(
+            f"rank_local must be a list of module names, modules or (object, 'attr') "
+            f"pairs, got {type(entries).__name__}"
+        )
     slots = []
     for i, entry in enumerate(entries):
         if isinstance(entry, str):
@@ -213,28 +232,29 @@ def resolve_rank_local(entries: Sequence[Any]) -> list[_Slot]:
                 raise ValueError(f"rank_local[{i}]: cannot import module {entry!r}: {exc}") from None
         if isinstance(entry, types.ModuleType):
             slots.append(_module_slot(entry))
-        elif (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str)
-              and entry[1]):
+        elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str) and entry[1]:
             slots.append(_attr_slot(*entry))
         else:
-            raise TypeError(f"rank_local[{i}] must be a module name, a module or an "
-                            f"(object, 'attribute') pair, got {entry!r}")
+            raise TypeError(
+                f"rank_local[{i}] must be a module name, a module or an "
+                f"(object, 'attribute') pair, got {entry!r}"
+            )
     return slots
 
 
 # The process's state belongs to one run at a time: the run whose rank holds
 # this lock (while it executes), or the last run that did (``_owner``).
 _process_lock = threading.Lock()
-_owner: "RankStates | None" = None
+_owner: RankStates | None = None
 # Who holds the lock now: a ticket per acquisition, so a thread can only
 # release its own hold (a run that ends releases a hold its stuck rank keeps).
 _meta = threading.Lock()
-_ticket: "tuple[RankStates, object] | None" = None
+_ticket: tuple[RankStates, object] | None = None
 _holding = threading.local()  # .ticket: the hold this thread has, if any
 _POLL_S = 0.05
 
 
-def _take_process(states: "RankStates", aborted: Callable[[], Any]) -> bool:
+def _take_process(states: RankStates, aborted: Callable[[], Any]) -> bool:
     """Take the process-wide lock; give up (False) once ``aborted()`` says so."""
     global _ticket
     while not _process_lock.acquire(timeout=_POLL_S):
@@ -260,7 +280,7 @@ def release_process() -> None:
             _process_lock.release()
 
 
-def _release_for(states: "RankStates") -> None:
+def _release_for(states: RankStates) -> None:
     """A run has ended: a hold its rank still has (stuck in C) is released."""
     global _ticket
     with _meta:
@@ -269,7 +289,7 @@ def _release_for(states: "RankStates") -> None:
             _process_lock.release()
 
 
-def suspend_process() -> "tuple[RankStates, int] | None":
+def suspend_process() -> tuple[RankStates, int] | None:
     """A rank that starts a run of its own (a nested run) lets that run's
     ranks take the process while it waits; ``resume_process`` takes it back."""
     mine = getattr(_holding, "ticket", None)
@@ -281,7 +301,7 @@ def suspend_process() -> "tuple[RankStates, int] | None":
     return None if rank is None else (states, rank)
 
 
-def resume_process(held: "tuple[RankStates, int] | None") -> None:
+def resume_process(held: tuple[RankStates, int] | None) -> None:
     if held is not None:
         states, rank = held
         states.switch_to(rank)
@@ -310,8 +330,7 @@ class RankStates:
         self._held = list(self._caller)  # the values the process holds now
         # The fingerprint of the process state when each held value was read
         # or loaded (None: cannot vouch, read it at the next switch).
-        self._marks = [self._mark(i, v, self._slots[i].fingerprint())
-                       for i, v in enumerate(self._caller)]
+        self._marks = [self._mark(i, v, self._slots[i].fingerprint()) for i, v in enumerate(self._caller)]
         self.switches = 0
 
     def _mark(self, i: int, value: Any, fingerprint: Any) -> Any:

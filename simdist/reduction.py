@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -67,14 +67,23 @@ def _check_reduce_op(op: object, dtype: torch.dtype, collective: str) -> str:
 
 # Sum and product of booleans saturate: they are OR and AND.
 _BOOL_COMBINE = {
-    "SUM": torch.logical_or, "MAX": torch.logical_or, "BOR": torch.logical_or,
-    "PRODUCT": torch.logical_and, "MIN": torch.logical_and, "BAND": torch.logical_and,
+    "SUM": torch.logical_or,
+    "MAX": torch.logical_or,
+    "BOR": torch.logical_or,
+    "PRODUCT": torch.logical_and,
+    "MIN": torch.logical_and,
+    "BAND": torch.logical_and,
     "BXOR": torch.logical_xor,
 }
 _COMBINE = {
-    "SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul,
-    "MIN": torch.minimum, "MAX": torch.maximum,
-    "BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor,
+    "SUM": torch.add,
+    "AVG": torch.add,
+    "PRODUCT": torch.mul,
+    "MIN": torch.minimum,
+    "MAX": torch.maximum,
+    "BAND": torch.bitwise_and,
+    "BOR": torch.bitwise_or,
+    "BXOR": torch.bitwise_xor,
 }
 
 
@@ -88,9 +97,7 @@ class ReductionModel:
 
     name = "base"
 
-    def reduce_into(
-        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, key: str
-    ) -> None:
+    def reduce_into(self, out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, key: str) -> None:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -192,7 +199,7 @@ class Shuffled(ReductionModel):
         return f"Shuffled(seed={self.seed})"
 
 
-def make_model(spec: "str | ReductionModel", seed: int = 0) -> ReductionModel:
+def make_model(spec: str | ReductionModel, seed: int = 0) -> ReductionModel:
     """``"rank"``, ``"ring"``, ``"tree"``, ``"shuffled"`` (uses ``seed``), or a model."""
     if isinstance(spec, ReductionModel):
         return spec
@@ -202,6 +209,5 @@ def make_model(spec: "str | ReductionModel", seed: int = 0) -> ReductionModel:
     if spec == "shuffled":
         return Shuffled(seed)
     raise ValueError(
-        f"reduction must be one of 'rank', 'ring', 'tree', 'shuffled' or a "
-        f"ReductionModel, got {spec!r}"
+        f"reduction must be one of 'rank', 'ring', 'tree', 'shuffled' or a ReductionModel, got {spec!r}"
     )

@@ -24,11 +24,12 @@ import enum
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from .errors import DeadlockError, PeerFailedError, SimulationError
 from . import stacks
+from .errors import DeadlockError, PeerFailedError, SimulationError
 from .policy import Policy
 from .waitfor import cannot_complete_threads, deadlock_headline, on_cycle, reachable
 
@@ -72,12 +73,28 @@ class GroupInfo:
 class Call:
     """One rank's part of a collective (built on every call, hence slots)."""
 
-    __slots__ = ("op", "rank", "group_rank", "fingerprint", "site", "payload", "inference",
-                 "record", "injected")
+    __slots__ = (
+        "fingerprint",
+        "group_rank",
+        "inference",
+        "injected",
+        "op",
+        "payload",
+        "rank",
+        "record",
+        "site",
+    )
 
-    def __init__(self, op: str, rank: int, group_rank: int,
-                 fingerprint: tuple[tuple[str, Any], ...], site: str,
-                 payload: dict[str, Any], inference: bool = False) -> None:
+    def __init__(
+        self,
+        op: str,
+        rank: int,
+        group_rank: int,
+        fingerprint: tuple[tuple[str, Any], ...],
+        site: str,
+        payload: dict[str, Any],
+        inference: bool = False,
+    ) -> None:
         self.op = op
         self.rank = rank
         self.group_rank = group_rank
@@ -429,8 +446,9 @@ class Scheduler:
         """Whether some thread of ``rank`` runs (its main thread, or a helper)."""
         slot = self._slots[rank]
         return slot.state is RankState.RUNNING or (
-            slot.state is RankState.WAITING and (slot.queued_items > 0 or any(
-                h.waiting_on is None and not h.idle for h in slot.helpers)))
+            slot.state is RankState.WAITING
+            and (slot.queued_items > 0 or any(h.waiting_on is None and not h.idle for h in slot.helpers))
+        )
 
     def _wait_helper(self, rank: int, helper: HelperSlot, waitable: Waitable) -> None:
         """A helper thread's wait: no run token to give up or take back."""
@@ -480,8 +498,9 @@ class Scheduler:
         if self._policy is None:
             return set()
         with self._lock:
-            return {r for r, s in enumerate(self._slots)
-                    if s.state is RankState.RUNNING and r != self._holder}
+            return {
+                r for r, s in enumerate(self._slots) if s.state is RankState.RUNNING and r != self._holder
+            }
 
     def begin(self) -> None:
         """Every rank thread has started: hand the run token to the first rank."""
@@ -612,9 +631,7 @@ class Scheduler:
                         self._groups_of.setdefault(member, []).append((group, i))
                 open_[seq] = pending
             if call.group_rank in pending.calls:
-                raise SimulationError(
-                    f"internal: rank {call.rank} joined {pending.describe()} twice"
-                )
+                raise SimulationError(f"internal: rank {call.rank} joined {pending.describe()} twice")
             pending.calls[call.group_rank] = call
             if len(pending.calls) < len(group.ranks):
                 # A peer that has already left is noticed when this rank waits.
@@ -716,7 +733,7 @@ class Scheduler:
         if waitable.error is not None:
             raise _copy_error(waitable.error)
 
-    def _wait(self, rank: int, slot: "_RankSlot", waitable: Waitable) -> None:
+    def _wait(self, rank: int, slot: _RankSlot, waitable: Waitable) -> None:
         settle_pending = False
         scheduled = self._policy is not None
         gave_up = False
@@ -799,7 +816,8 @@ class Scheduler:
         """The holder blocked or left: give the token to the policy's pick."""
         slots = self._slots
         self._holder = self._policy.pick(  # type: ignore[union-attr]
-            lambda r: slots[r].state is RankState.RUNNING)
+            lambda r: slots[r].state is RankState.RUNNING
+        )
         if self._holder is not None:
             self.switches += 1
             slots[self._holder].parker.unpark()
@@ -813,12 +831,17 @@ class Scheduler:
         stuck = [r for r, s in enumerate(self._slots) if s.state is RankState.WAITING]
         if not stuck or any(self._progressing(r) for r in stuck):
             return  # a helper thread still runs
-        if any(isinstance(self._slots[r].waiting_on, ThreadExit)
-               and not self._slots[r].waiting_on.needed_ranks() for r in stuck):  # type: ignore[union-attr]
+        if any(
+            isinstance(self._slots[r].waiting_on, ThreadExit) and not self._slots[r].waiting_on.needed_ranks()
+            for r in stuck
+        ):  # type: ignore[union-attr]
             return  # a Future is done, its callbacks are about to wake the waiter
-        error = DeadlockError(self.report(
-            "deadlock: every live rank is waiting and none can run; rank(s) "
-            f"{stuck} wait for something no rank will ever do"))
+        error = DeadlockError(
+            self.report(
+                "deadlock: every live rank is waiting and none can run; rank(s) "
+                f"{stuck} wait for something no rank will ever do"
+            )
+        )
         if self.deadlock is None:
             self.deadlock = error
         for r in stuck:
@@ -845,8 +868,7 @@ class Scheduler:
 
     # -- deadlock detection -----------------------------------------------
 
-    def _settle_locked(self, trigger: int | None, defer: bool = False,
-                       left: int | None = None) -> bool:
+    def _settle_locked(self, trigger: int | None, defer: bool = False, left: int | None = None) -> bool:
         """Find the waiting ranks that can never complete; interrupt each.
 
         ``trigger`` is a rank that has just started waiting (only a closed set
@@ -881,8 +903,11 @@ class Scheduler:
                 return False
             lone = []
         else:
-            waits = {r: self._thread_waits(r) for r, s in enumerate(slots)
-                     if s.state is RankState.WAITING and not self._progressing(r)}
+            waits = {
+                r: self._thread_waits(r)
+                for r, s in enumerate(slots)
+                if s.state is RankState.WAITING and not self._progressing(r)
+            }
             lone = [r for r, s in enumerate(slots) if s.helpers and r not in waits]
         # One list per rank: the ranks any of its threads needs (what reports show).
         graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
@@ -898,8 +923,9 @@ class Scheduler:
         # has finished) is the same whatever the timing; ranks that merely
         # wait on the core are released by it, as they would be had they
         # arrived after the core was reported.
-        core = sorted(r for r in deadlocked
-                      if on_cycle(graph, r, deadlocked) or any(p in self._gone for p in graph[r]))
+        core = sorted(
+            r for r in deadlocked if on_cycle(graph, r, deadlocked) or any(p in self._gone for p in graph[r])
+        )
         for r in sorted(deadlocked - set(core)):
             roots[r] = next(c for c in reachable(graph, r, deadlocked) if c in core)
             why[r] = "which is deadlocked"
@@ -968,8 +994,7 @@ class Scheduler:
                 continue
             lists = self._thread_waits(r)
             waits[r] = lists
-            todo += [p for needed in lists for p in needed
-                     if self._slots[p].state is RankState.WAITING]
+            todo += [p for needed in lists for p in needed if self._slots[p].state is RankState.WAITING]
         return waits
 
     def _thread_waits(self, rank: int) -> list[list[int]]:
@@ -992,8 +1017,7 @@ class Scheduler:
                 threads.append((None, slot.waiting_on))
             threads += [(h, h.waiting_on) for h in slot.helpers if h.waiting_on is not None]
             for helper, waitable in threads:
-                bad = sorted(p for p in waitable.needed_ranks()
-                             if p != r and (p in stuck or p in self._gone))
+                bad = sorted(p for p in waitable.needed_ranks() if p != r and (p in stuck or p in self._gone))
                 if not bad:
                     continue
                 failed = [p for p in bad if self._slots[p].state is RankState.FAILED]
@@ -1004,19 +1028,22 @@ class Scheduler:
                     error: BaseException = PeerFailedError(
                         f"released: rank {r} ({self._describe_rank(r)}), {who}, waits in "
                         f"{waitable.describe()}, which needs rank {root} "
-                        f"({self._describe_rank(root)}), which failed with {self._slots[root].failure}")
+                        f"({self._describe_rank(root)}), which failed with {self._slots[root].failure}"
+                    )
                     error.simdist_origin = root  # type: ignore[attr-defined]
                 else:
-                    error = DeadlockError(self.report(
-                        f"deadlock: rank {r}, {who}, waits in {waitable.describe()}, which needs "
-                        f"rank(s) {bad}: finished, or blocked for good"))
+                    error = DeadlockError(
+                        self.report(
+                            f"deadlock: rank {r}, {who}, waits in {waitable.describe()}, which needs "
+                            f"rank(s) {bad}: finished, or blocked for good"
+                        )
+                    )
                     if self.deadlock is None:
                         self.deadlock = error
                     self._record_locked(r, error)
                 self._interrupt_thread_locked(r, helper, error)
 
-    def _interrupt_thread_locked(self, rank: int, helper: HelperSlot | None,
-                                 error: BaseException) -> None:
+    def _interrupt_thread_locked(self, rank: int, helper: HelperSlot | None, error: BaseException) -> None:
         if helper is None:
             slot = self._slots[rank]
             slot.state = RankState.RUNNING
@@ -1096,14 +1123,14 @@ class Scheduler:
                 lines.append(f"  rank {rank} ({where}): {slot.state.value}")
             for helper in slot.helpers:
                 w = helper.waiting_on
-                lines.append(f"    helper thread {helper.name!r}: "
-                             + ("running" if w is None else f"waiting in {w.describe()}"))
+                lines.append(
+                    f"    helper thread {helper.name!r}: "
+                    + ("running" if w is None else f"waiting in {w.describe()}")
+                )
                 if w is not None:
                     frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
                     lines.extend("        " + s for s in stacks.user_stack(frame))
-        unmatched = [
-            op for q in list(self._sends.values()) + list(self._recvs.values()) for op in q
-        ]
+        unmatched = [op for q in list(self._sends.values()) + list(self._recvs.values()) for op in q]
         if unmatched:
             lines.append("  unmatched point-to-point operations:")
             lines.extend(
@@ -1115,14 +1142,14 @@ class Scheduler:
     def leftovers(self) -> str | None:
         """After every rank has left: calls that never completed, or None."""
         with self._lock:
-            items = [f"  {p.describe()}: joined by group ranks {sorted(p.calls)}" for p in self._pending.values()]
-            items += [
-                f"  rank {op.src}: {op.describe()} at {op.site}"
-                for q in self._sends.values() for op in q
+            items = [
+                f"  {p.describe()}: joined by group ranks {sorted(p.calls)}" for p in self._pending.values()
             ]
             items += [
-                f"  rank {op.dst}: {op.describe()} at {op.site}"
-                for q in self._recvs.values() for op in q
+                f"  rank {op.src}: {op.describe()} at {op.site}" for q in self._sends.values() for op in q
+            ]
+            items += [
+                f"  rank {op.dst}: {op.describe()} at {op.site}" for q in self._recvs.values() for op in q
             ]
         if not items:
             return None

@@ -10,7 +10,7 @@ its own target, so many starts wait for the OS at once (about 4x faster).
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 FAN_OUT = 4
 
@@ -29,15 +29,16 @@ class TreeStart:
         self._started = 0
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self.threads = [threading.Thread(target=self._run, args=(i,), name=name(i), daemon=True)
-                        for i in range(n)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), name=name(i), daemon=True) for i in range(n)
+        ]
 
     def _start_children(self, i: int) -> None:
         first = FAN_OUT * i + 1
         for child in range(first, min(self._n, first + FAN_OUT)):
             try:
                 self.threads[child].start()
-            except BaseException as exc:  # noqa: BLE001 - handed to start()
+            except BaseException as exc:
                 with self._lock:
                     if self._error is None:
                         self._error = exc
@@ -62,5 +63,6 @@ class TreeStart:
             raise StartFailed(f"could not start thread {self.threads[0].name}: {exc}") from exc
         self._done.wait()
         if self._error is not None:
-            raise StartFailed(f"could not start every thread ({self._started} of {self._n} "
-                              f"started): {self._error}") from self._error
+            raise StartFailed(
+                f"could not start every thread ({self._started} of {self._n} started): {self._error}"
+            ) from self._error

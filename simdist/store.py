@@ -11,8 +11,9 @@ rank will ever set is reported as a deadlock instead of a timeout.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 import torch.distributed as dist
 
@@ -117,7 +118,7 @@ class RankStore(dist.Store):
         with self._changed:
             return len(self._data)
 
-    def wait(self, keys: list[str], timeout: Any = None) -> None:  # noqa: ARG002 (the run's watchdog bounds it)
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
         with self._changed:
             if all(k in self._data for k in keys):
                 return
@@ -139,8 +140,9 @@ class RankStore(dist.Store):
 
     def _wait_outside(self, keys: list[str]) -> None:
         if not self._changed.wait_for(lambda: all(k in self._data for k in keys), self._timeout_s):
-            raise dist.DistStoreError(f"simdist store: timed out after {self._timeout_s:g} s "
-                                      f"waiting for key(s) {keys}")
+            raise dist.DistStoreError(
+                f"simdist store: timed out after {self._timeout_s:g} s waiting for key(s) {keys}"
+            )
 
     def _park_locked(self, rank: int, pending: _KeysSet) -> bool:
         """File ``pending`` under its first missing key; False when none is missing."""

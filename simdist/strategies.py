@@ -6,8 +6,9 @@ Needs the ``hypothesis`` package (a test extra); simdist itself does not.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 from hypothesis import strategies as st
@@ -16,9 +17,25 @@ from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from .layout import AXES, Layout
 
 __all__ = [
-    "DTYPE_NAMES", "FUZZ_FAULT_KINDS", "MASK_ROW_KINDS", "MASK_SCALES", "REDUCTION_NAMES", "WEIGHT_VALUES",
-    "ProbeFault", "ReductionChoice", "bin_weights", "dtype_names", "fault_from_json", "fault_plans",
-    "fault_to_json", "faults", "layouts", "mask_rows", "probe_faults", "reductions", "token_distributions",
+    "DTYPE_NAMES",
+    "FUZZ_FAULT_KINDS",
+    "MASK_ROW_KINDS",
+    "MASK_SCALES",
+    "REDUCTION_NAMES",
+    "WEIGHT_VALUES",
+    "ProbeFault",
+    "ReductionChoice",
+    "bin_weights",
+    "dtype_names",
+    "fault_from_json",
+    "fault_plans",
+    "fault_to_json",
+    "faults",
+    "layouts",
+    "mask_rows",
+    "probe_faults",
+    "reductions",
+    "token_distributions",
     "token_masks",
 ]
 
@@ -175,8 +192,15 @@ def token_distributions(
 
 
 @st.composite
-def _token_distributions(draw: st.DrawFn, ranks: int, microbatches: int, seq_len: int, low_rows: int,
-                         high_rows: int, fractional: bool) -> list[list[list[list[float]]]]:
+def _token_distributions(
+    draw: st.DrawFn,
+    ranks: int,
+    microbatches: int,
+    seq_len: int,
+    low_rows: int,
+    high_rows: int,
+    fractional: bool,
+) -> list[list[list[list[float]]]]:
     row = mask_rows(seq_len, fractional=fractional)
     out = []
     for _ in range(ranks):
@@ -223,7 +247,9 @@ class ReductionChoice(NamedTuple):
         return {"reduction": self.model, "seed": self.seed}
 
 
-def reductions(models: Sequence[str] = REDUCTION_NAMES, *, max_seed: int = 2**16) -> st.SearchStrategy[ReductionChoice]:
+def reductions(
+    models: Sequence[str] = REDUCTION_NAMES, *, max_seed: int = 2**16
+) -> st.SearchStrategy[ReductionChoice]:
     """Reduction-order models with seeds (only ``shuffled`` uses its seed, the
     others keep seed 0); shrinks towards ``rank`` order."""
     unknown = [m for m in models if m not in REDUCTION_NAMES]
@@ -264,8 +290,15 @@ def faults(
 
 
 @st.composite
-def _faults(draw: st.DrawFn, world_size: int, kinds: tuple[str, ...], ops: tuple[str | None, ...],
-            groups: tuple[str | None, ...], max_nth: int, delay_seconds: float) -> Fault:
+def _faults(
+    draw: st.DrawFn,
+    world_size: int,
+    kinds: tuple[str, ...],
+    ops: tuple[str | None, ...],
+    groups: tuple[str | None, ...],
+    max_nth: int,
+    delay_seconds: float,
+) -> Fault:
     kind = draw(st.sampled_from(kinds))
     return Fault(
         kind,
@@ -278,7 +311,9 @@ def _faults(draw: st.DrawFn, world_size: int, kinds: tuple[str, ...], ops: tuple
     )
 
 
-def fault_plans(world_size: int, *, max_faults: int = 2, **fault_options: object) -> st.SearchStrategy[FaultPlan]:
+def fault_plans(
+    world_size: int, *, max_faults: int = 2, **fault_options: object
+) -> st.SearchStrategy[FaultPlan]:
     """``simdist.FaultPlan`` of 0..``max_faults`` faults drawn by ``faults``; shrinks towards no fault."""
     return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]
         lambda drawn: FaultPlan(tuple(drawn))

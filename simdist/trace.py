@@ -7,7 +7,8 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -21,10 +22,11 @@ class Record:
     objects, dtypes) and renders text only when a report or trace asks.
     """
 
-    __slots__ = ("rank", "seq", "group", "op", "shapes", "dtypes", "site", "start", "end", "state")
+    __slots__ = ("dtypes", "end", "group", "op", "rank", "seq", "shapes", "site", "start", "state")
 
-    def __init__(self, rank: int, seq: int, group: Any, op: str, tensors: Sequence[torch.Tensor],
-                 site: str) -> None:
+    def __init__(
+        self, rank: int, seq: int, group: Any, op: str, tensors: Sequence[torch.Tensor], site: str
+    ) -> None:
         self.rank = rank
         self.seq = seq  # per group; -1 for point-to-point
         self.group = group  # a GroupInfo; its label may be refined after creation
@@ -85,8 +87,9 @@ class Recorder:
         self._all: list[Record] | None = [] if keep_all else None
         self._lock = threading.Lock()
 
-    def start(self, rank: int, seq: int, group: Any, op: str,
-              tensors: Sequence[torch.Tensor], site: str) -> Record:
+    def start(
+        self, rank: int, seq: int, group: Any, op: str, tensors: Sequence[torch.Tensor], site: str
+    ) -> Record:
         rec = Record(rank, seq, group, op, tensors, site)
         self._rings[rank].append(rec)  # deque.append is atomic; one writer per rank
         if self._all is not None:
@@ -124,21 +127,53 @@ class Recorder:
         """One track per rank, one slice per call, coloured by group."""
         events: list[dict[str, Any]] = []
         names = sorted({r.group_label for r in (self._all or [])})
-        palette = ["thread_state_running", "thread_state_iowait", "rail_response", "rail_animation",
-                   "good", "bad", "terrible", "generic_work", "cq_build_passed", "olive", "yellow"]
+        palette = [
+            "thread_state_running",
+            "thread_state_iowait",
+            "rail_response",
+            "rail_animation",
+            "good",
+            "bad",
+            "terrible",
+            "generic_work",
+            "cq_build_passed",
+            "olive",
+            "yellow",
+        ]
         colour = {g: palette[i % len(palette)] for i, g in enumerate(names)}
         world_size = len(self._rings)
         for rank in range(world_size):
-            events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": rank,
-                           "args": {"name": f"rank {rank} ({describe_rank(rank)})"}})
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": 0,
+                    "tid": rank,
+                    "args": {"name": f"rank {rank} ({describe_rank(rank)})"},
+                }
+            )
         for r in self._all or []:
             end = r.end if r.end is not None else time.perf_counter()
-            events.append({
-                "name": r.op, "cat": r.group_label, "ph": "X", "pid": 0, "tid": r.rank,
-                "ts": 1e6 * (r.start - self.t0), "dur": max(1e6 * (end - r.start), 0.01),
-                "cname": colour[r.group_label],
-                "args": {"group": r.group_label, "seq": r.seq, "shapes": [list(s) for s in r.shapes],
-                         "dtypes": r.dtype_names, "bytes": r.nbytes, "site": r.site, "state": r.state},
-            })
+            events.append(
+                {
+                    "name": r.op,
+                    "cat": r.group_label,
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": r.rank,
+                    "ts": 1e6 * (r.start - self.t0),
+                    "dur": max(1e6 * (end - r.start), 0.01),
+                    "cname": colour[r.group_label],
+                    "args": {
+                        "group": r.group_label,
+                        "seq": r.seq,
+                        "shapes": [list(s) for s in r.shapes],
+                        "dtypes": r.dtype_names,
+                        "bytes": r.nbytes,
+                        "site": r.site,
+                        "state": r.state,
+                    },
+                }
+            )
         with open(path, "w", encoding="utf-8") as fh:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)

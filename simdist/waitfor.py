@@ -9,7 +9,7 @@ no threading: the scheduler calls them under its lock.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def cannot_complete(graph: dict[int, list[int]], running: Callable[[int], bool]) -> set[int]:
@@ -39,8 +39,7 @@ def cannot_complete(graph: dict[int, list[int]], running: Callable[[int], bool])
     return set(graph) - can
 
 
-def cannot_complete_threads(waits: dict[int, list[list[int]]],
-                            running: Callable[[int], bool]) -> set[int]:
+def cannot_complete_threads(waits: dict[int, list[list[int]]], running: Callable[[int], bool]) -> set[int]:
     """Like ``cannot_complete`` for ranks with several threads (helper
     threads a rank started). ``waits`` maps each rank whose every live thread
     waits to the ranks each of those threads needs. A rank can complete as
@@ -77,15 +76,18 @@ def cannot_complete_threads(waits: dict[int, list[list[int]]],
     return set(waits) - can
 
 
-def deadlock_headline(graph: dict[int, list[int]], deadlocked: list[int], gone: set[int],
-                       all_wait: bool) -> str:
+def deadlock_headline(
+    graph: dict[int, list[int]], deadlocked: list[int], gone: set[int], all_wait: bool
+) -> str:
     """Name the cycle (or the departed peers) that makes ``deadlocked`` stuck."""
     on_gone = sorted(r for r in deadlocked if any(p in gone for p in graph[r]))
     parts = ["every live rank is waiting and no pending call can complete"] if all_wait else []
     cycle = find_cycle(graph, set(deadlocked))
     if cycle:
-        parts.append(f"rank(s) {sorted(cycle)} wait for each other in a cycle: "
-                     + " -> ".join(map(str, cycle + cycle[:1])))
+        parts.append(
+            f"rank(s) {sorted(cycle)} wait for each other in a cycle: "
+            + " -> ".join(map(str, cycle + cycle[:1]))
+        )
     if all_wait:
         return "deadlock: " + "; ".join(parts)  # each rank's line below says the rest
     if on_gone:
@@ -128,7 +130,7 @@ def find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
             path.append(r)
             r = next((p for p in sorted(graph[r]) if p in within), None)
         if r is not None:
-            cycle = path[index[r]:]
+            cycle = path[index[r] :]
             low = cycle.index(min(cycle))
             return cycle[low:] + cycle[:low]
     return []

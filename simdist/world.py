@@ -15,8 +15,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,9 +38,9 @@ from .overlap import check_members_disjoint
 from .policy import make_policy
 from .rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
-from .store import RankStore
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
 from .spawn import TreeStart
+from .store import RankStore
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -53,10 +54,19 @@ _GRACE_MARGIN_S = 0.25
 class World:
     """The shared state of one simulation (implements ``backend.WorldHooks``)."""
 
-    def __init__(self, layout: Layout | None, world_size: int, reduction: ReductionModel,
-                 timeout: float, faults: FaultPlan | None = None, keep_trace: bool = False,
-                 flight_records: int = DEFAULT_RECORDS, schedule: str = "rank",
-                 schedule_seed: int = 0, rank_local: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        layout: Layout | None,
+        world_size: int,
+        reduction: ReductionModel,
+        timeout: float,
+        faults: FaultPlan | None = None,
+        keep_trace: bool = False,
+        flight_records: int = DEFAULT_RECORDS,
+        schedule: str = "rank",
+        schedule_seed: int = 0,
+        rank_local: Sequence[Any] = (),
+    ) -> None:
         self.layout = layout
         self.world_size = world_size
         self.reduction = reduction
@@ -66,15 +76,22 @@ class World:
         self.faults = FaultState(faults, layout, world_size) if faults else None
         policy = make_policy(schedule, schedule_seed)
         if policy is None and rank_local:
-            raise ValueError("rank_local needs a scheduled run (schedule='rank' or 'random'): "
-                             "with schedule='concurrent' every rank runs at once, so "
-                             "process-wide values cannot belong to one rank at a time")
+            raise ValueError(
+                "rank_local needs a scheduled run (schedule='rank' or 'random'): "
+                "with schedule='concurrent' every rank runs at once, so "
+                "process-wide values cannot belong to one rank at a time"
+            )
         # Unscheduled, every rank shares the process's state as it always did.
         self.states = RankStates(world_size, rank_local) if policy is not None else None
         try:
-            self.scheduler = Scheduler(world_size, self.describe_rank, self._on_done, policy,
-                                       self._resume if self.states else lambda rank: None,
-                                       release_process)
+            self.scheduler = Scheduler(
+                world_size,
+                self.describe_rank,
+                self._on_done,
+                policy,
+                self._resume if self.states else lambda rank: None,
+                release_process,
+            )
             self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
             self.store.set_timeout(timedelta(seconds=timeout))
         except BaseException:
@@ -138,8 +155,7 @@ class World:
         aborted elsewhere: what it reports must not depend on which thread got
         there first.
         """
-        call.record = self.recorder.start(call.rank, seq, group, call.op,
-                                          tensors_of(call.payload), call.site)
+        call.record = self.recorder.start(call.rank, seq, group, call.op, tensors_of(call.payload), call.site)
         if self.faults is None and not self.scheduler.any_group_aborted:
             return
         try:
@@ -170,8 +186,16 @@ class World:
                 self.scheduler.record(me, exc)
             raise
 
-    def _apply(self, fault: Fault, where: str, group: GroupInfo, op: str,
-               payload: dict[str, Any], call: Call | None, rank: int) -> None:
+    def _apply(
+        self,
+        fault: Fault,
+        where: str,
+        group: GroupInfo,
+        op: str,
+        payload: dict[str, Any],
+        call: Call | None,
+        rank: int,
+    ) -> None:
         kind = fault.kind
         if kind == "crash":
             raise InjectedFault(f"injected crash at {where}")
@@ -248,7 +272,9 @@ def _resolve_world(layout: Layout | None, world_size: int | None) -> tuple[Layou
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         return None, world_size
     if world_size is not None and world_size != layout.world_size:
-        raise ValueError(f"world_size={world_size!r} disagrees with {layout} (world size {layout.world_size})")
+        raise ValueError(
+            f"world_size={world_size!r} disagrees with {layout} (world size {layout.world_size})"
+        )
     return layout, int(layout.world_size)  # type: ignore[arg-type]
 
 
@@ -312,7 +338,11 @@ def run(
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     layout, n = _resolve_world(layout, world_size)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not (timeout > 0 and math.isfinite(timeout)):
+    if (
+        not isinstance(timeout, (int, float))
+        or isinstance(timeout, bool)
+        or not (timeout > 0 and math.isfinite(timeout))
+    ):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     kwargs = dict(kwargs or {})
     devices = [_resolve_device(device, r) for r in range(n)]
@@ -330,10 +360,18 @@ def run(
     # execute, and its world take the caller's state, while it waits.
     suspended = suspend_process()
     try:
-        world = World(layout, n, make_model(reduction, seed), float(timeout), faults,
-                      keep_trace=trace is not None or bool(counting), flight_records=flight_records,
-                      schedule=schedule, schedule_seed=seed if schedule_seed is None else schedule_seed,
-                      rank_local=rank_local)
+        world = World(
+            layout,
+            n,
+            make_model(reduction, seed),
+            float(timeout),
+            faults,
+            keep_trace=trace is not None or bool(counting),
+            flight_records=flight_records,
+            schedule=schedule,
+            schedule_seed=seed if schedule_seed is None else schedule_seed,
+            rank_local=rank_local,
+        )
     except BaseException:
         resume_process(suspended)
         raise
@@ -371,19 +409,27 @@ def run(
             # no rank; keep backward on the rank's own thread.
             with torch.autograd.set_multithreading_enabled(False):
                 dist.init_process_group(
-                    BACKEND_NAME, rank=rank, world_size=n, store=world.store,
+                    BACKEND_NAME,
+                    rank=rank,
+                    world_size=n,
+                    store=world.store,
                     timeout=timedelta(seconds=timeout),
                 )
                 _share_world_rank_map(world)
                 ctx = RankContext(
-                    rank=rank, world_size=n, layout=layout, device=devices[rank],
-                    groups=build_groups(layout), attempt=attempt, seed=seed,
+                    rank=rank,
+                    world_size=n,
+                    layout=layout,
+                    device=devices[rank],
+                    groups=build_groups(layout),
+                    attempt=attempt,
+                    seed=seed,
                 )
                 rank_args, rank_kwargs = inputs[rank]
                 results[rank] = fn(ctx, *rank_args, **rank_kwargs)
                 _end_helpers(world, rank)
             world.scheduler.rank_finished(rank)
-        except BaseException as exc:  # noqa: BLE001 - reported by run()
+        except BaseException as exc:
             failures[rank] = exc
             try:
                 _end_helpers(world, rank, failure=exc)
@@ -425,10 +471,12 @@ def run(
         c10d_state.uninstall()
         # A group object can outlive its run (returned from the body, kept in a
         # global): calls on it must fail at once, not wait for ranks that are gone.
-        world.scheduler.close(SimulationError(
-            f"this process group belongs to {run_name}, which has already ended: a group "
-            f"can only be used inside the run that created it"
-        ))
+        world.scheduler.close(
+            SimulationError(
+                f"this process group belongs to {run_name}, which has already ended: a group "
+                f"can only be used inside the run that created it"
+            )
+        )
         for stats in counting:
             stats.add_records(world.recorder.all_records())
         trace_error = None
@@ -473,7 +521,8 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
         # An idle pool worker leaves by itself now that its pool is shut down.
         if helper.thread_id is not None and not helper.idle:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError))
+                ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError)
+            )
     # Never past the run's watchdog: it would interrupt this clean-up and
     # report a timeout instead of what the rank did.
     grace = min(time.monotonic() + _GRACE_S, world.deadline - _GRACE_MARGIN_S)
@@ -483,10 +532,12 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
     if left:
         helpers.forget_at_exit({h.thread_id for h in left if h.thread_id is not None})
         frames = sys._current_frames()
-        lines = [f"rank {rank}'s {'body returned' if failure is None else 'body failed'}, but "
-                 f"{len(left)} helper thread(s) it started could not be stopped (blocked in "
-                 f"native code, or catching the interrupt); they are left running as daemon "
-                 f"threads:"]
+        lines = [
+            f"rank {rank}'s {'body returned' if failure is None else 'body failed'}, but "
+            f"{len(left)} helper thread(s) it started could not be stopped (blocked in "
+            f"native code, or catching the interrupt); they are left running as daemon "
+            f"threads:"
+        ]
         for helper in left:
             lines.append(f"  {helper.name}:")
             lines.extend("      " + s for s in stacks.user_stack(frames.get(helper.thread_id or -1)))
@@ -499,8 +550,9 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
         raise exc
 
 
-def _rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int,
-                 share: bool) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+def _rank_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], n: int, share: bool
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """Each rank's own deep copy of the inputs (one memo per rank keeps aliasing
     between arguments), or the same objects for all with ``share``."""
     if share:
@@ -536,8 +588,7 @@ def _check_trace_path(trace: str | os.PathLike[str]) -> None:
         raise PermissionError(f"trace={path!r}: its directory is not writable")
 
 
-def _join_all(threads: list[threading.Thread], world: World, deadline: float,
-              timeout: float) -> str | None:
+def _join_all(threads: list[threading.Thread], world: World, deadline: float, timeout: float) -> str | None:
     """Join every rank thread; at the watchdog's ``deadline`` (``timeout``
     seconds after ``run`` was called) interrupt the stuck ones.
 
@@ -555,14 +606,19 @@ def _join_all(threads: list[threading.Thread], world: World, deadline: float,
     # Stop the ranks first, describe them after (from the frames taken at the
     # deadline): formatting stacks while dozens of busy ranks fight for the
     # GIL took many times the timeout itself.
-    _signal(alive, world, SimulationTimeout(
-        f"watchdog: the run was still going {timeout:g} s after run() was called"))
+    _signal(
+        alive,
+        world,
+        SimulationTimeout(f"watchdog: the run was still going {timeout:g} s after run() was called"),
+    )
     running = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
     lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
     stalled = sorted(r for r in queued if _alive(threads[r]))
     if stalled:
-        lines.append(f"  rank(s) {stalled} were ready to run, but never got the run token back "
-                     f"(one rank runs at a time, until it blocks in simdist or returns)")
+        lines.append(
+            f"  rank(s) {stalled} were ready to run, but never got the run token back "
+            f"(one rank runs at a time, until it blocks in simdist or returns)"
+        )
     for t in running:
         rank = int(t.name.rsplit("-", 1)[1])
         lines.append(f"  rank {rank} ({world.describe_rank(rank)}):")
@@ -577,19 +633,22 @@ def _join_all(threads: list[threading.Thread], world: World, deadline: float,
 def _stuck_report(still: list[threading.Thread], why: str) -> str:
     """Name the threads nothing could stop, with where they are stuck."""
     frames = sys._current_frames()
-    lines = [f"  after {why}, {len(still)} thread(s) could not be interrupted within {_GRACE_S:g} s "
-             f"(blocked in native code such as a lock or Event wait, or catching the interrupt); "
-             f"they are left running as daemon threads. Their groups are closed and "
-             f"their c10d names are their own, so they cannot disturb the caller or "
-             f"a later run, but they keep their memory and CPU until they return:"]
+    lines = [
+        f"  after {why}, {len(still)} thread(s) could not be interrupted within {_GRACE_S:g} s "
+        f"(blocked in native code such as a lock or Event wait, or catching the interrupt); "
+        f"they are left running as daemon threads. Their groups are closed and "
+        f"their c10d names are their own, so they cannot disturb the caller or "
+        f"a later run, but they keep their memory and CPU until they return:"
+    ]
     for t in still:
         lines.append(f"    {t.name}:")
         lines.extend("        " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
     return "\n".join(lines)
 
 
-def _interrupt(threads: list[threading.Thread], world: World,
-               error: SimulationError) -> list[threading.Thread]:
+def _interrupt(
+    threads: list[threading.Thread], world: World, error: SimulationError
+) -> list[threading.Thread]:
     """Abort the world, raise ``error``'s type in running ranks, join them.
 
     Returns the threads that did not stop within the grace period.
@@ -603,8 +662,9 @@ def _signal(threads: list[threading.Thread], world: World, error: SimulationErro
     idents = [t.ident for t in threads if _alive(t) and t.ident is not None]
     # Helper threads too: a rank waits for its helpers before it ends.
     for rank in range(world.world_size):
-        idents += [h.thread_id for h in world.scheduler.live_helpers(rank)
-                   if h.thread_id and not h.idle]  # idle pool workers leave at their rank's end
+        idents += [
+            h.thread_id for h in world.scheduler.live_helpers(rank) if h.thread_id and not h.idle
+        ]  # idle pool workers leave at their rank's end
     for ident in idents:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
@@ -633,8 +693,13 @@ def _join(t: threading.Thread, timeout: float) -> None:
         t.join(1.0)  # it has left simdist; let the thread itself end
 
 
-def _outcome(world: World, results: list[Any], failures: dict[int, BaseException],
-             timed_out: str | None, trace_error: BaseException | None = None) -> list[Any]:
+def _outcome(
+    world: World,
+    results: list[Any],
+    failures: dict[int, BaseException],
+    timed_out: str | None,
+    trace_error: BaseException | None = None,
+) -> list[Any]:
     """What ``run`` returns or raises, decided from what happened, not from
     which thread got somewhere first. In order: a deadlock, a collective
     mismatch (both even when every rank caught them), the watchdog, rank
@@ -669,8 +734,10 @@ def _outcome(world: World, results: list[Any], failures: dict[int, BaseException
             if r in own:
                 lines.append(f"rank {r} ({world.describe_rank(r)}) failed: {type(own[r]).__name__}: {own[r]}")
             else:
-                lines.append(f"rank {r} ({world.describe_rank(r)}) caught {type(caught[r]).__name__} and "
-                             f"went on (a failure all the same): {caught[r]}")
+                lines.append(
+                    f"rank {r} ({world.describe_rank(r)}) caught {type(caught[r]).__name__} and "
+                    f"went on (a failure all the same): {caught[r]}"
+                )
         released = sorted(sched.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")

@@ -16,8 +16,9 @@ floating dtypes (gloo fails on integral AVG when it casts the float mean back).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -9,9 +9,9 @@ shards, optimizer state, draft step state) live outside the runs, keyed by rank.
 from __future__ import annotations
 
 import torch
+from cotrain_harness import config_for, groups_of, make_global_batch, rank_batch
 
 import simdist
-from cotrain_harness import config_for, groups_of, make_global_batch, rank_batch
 from draft_loss.cotrain import CotrainWorker, StepResult
 from simdist import Layout
 
@@ -54,7 +54,9 @@ def _step_body(ctx, workers, config, global_batch, create, fault_rank, fault_poi
         if ctx.rank == fault_rank and point == fault_point:
             raise InjectedFault(point)
 
-    return worker.train_step(rank_batch(ctx, global_batch), mode="split", num_microbatches=MICROBATCHES, probe=probe)
+    return worker.train_step(
+        rank_batch(ctx, global_batch), mode="split", num_microbatches=MICROBATCHES, probe=probe
+    )
 
 
 def clean_run(layout: Layout = LAYOUT, **overrides) -> list[StepResult]:
@@ -63,7 +65,9 @@ def clean_run(layout: Layout = LAYOUT, **overrides) -> list[StepResult]:
     workers: dict[int, CotrainWorker] = {}
     first, second = _batches(layout, config)
     simdist.run(_step_body, layout=layout, args=(workers, config, first, True, None, None), share_args=True)
-    return simdist.run(_step_body, layout=layout, args=(workers, config, second, False, None, None), share_args=True)
+    return simdist.run(
+        _step_body, layout=layout, args=(workers, config, second, False, None, None), share_args=True
+    )
 
 
 def snapshot(worker: CotrainWorker) -> dict[str, torch.Tensor]:
@@ -85,18 +89,27 @@ def faulty_then_retry(layout: Layout, fault_rank: int, fault_point: str, **overr
     simdist.run(_step_body, layout=layout, args=(workers, config, first, True, None, None), share_args=True)
     before = {rank: snapshot(w) for rank, w in workers.items()}
     try:
-        simdist.run(_step_body, layout=layout, args=(workers, config, second, False, fault_rank, fault_point), share_args=True)
+        simdist.run(
+            _step_body,
+            layout=layout,
+            args=(workers, config, second, False, fault_rank, fault_point),
+            share_args=True,
+        )
     except simdist.RankError as error:
         failure = error
     else:
         raise AssertionError(f"the fault at {fault_point!r} on rank {fault_rank} was never reached")
     after = {rank: snapshot(w) for rank, w in workers.items()}
-    states = {rank: (w.draft_state.phase.value, w.draft_state.num_microbatches) for rank, w in workers.items()}
+    states = {
+        rank: (w.draft_state.phase.value, w.draft_state.num_microbatches) for rank, w in workers.items()
+    }
     leftovers = {
         rank: [n for n, p in w.params.items() if p.grad is not None or hasattr(p, "main_grad")]
         for rank, w in workers.items()
     }
-    retried = simdist.run(_step_body, layout=layout, args=(workers, config, second, False, None, None), share_args=True)
+    retried = simdist.run(
+        _step_body, layout=layout, args=(workers, config, second, False, None, None), share_args=True
+    )
     return failure, before, after, states, leftovers, retried
 
 
@@ -110,4 +123,6 @@ def assert_bitwise_equal(actual: list[StepResult], expected: list[StepResult]) -
             got, want = getattr(a, kind), getattr(e, kind)
             assert got.keys() == want.keys()
             for name in want:
-                assert torch.equal(got[name], want[name]), f"rank {rank}: {kind} {name} differs from the clean run"
+                assert torch.equal(got[name], want[name]), (
+                    f"rank {rank}: {kind} {name} differs from the clean run"
+                )

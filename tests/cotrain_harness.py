@@ -7,13 +7,14 @@ by exactly the checks the parity suite makes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Callable, Iterable, Sequence
 
 import torch
+from cotrain_reference import ReferenceResult, reference_step
 
 import simdist
-from cotrain_reference import ReferenceResult, reference_step
+from draft_loss.context_parallel import padded_length
 from draft_loss.cotrain import (
     METRIC_NAMES,
     CotrainBatch,
@@ -24,7 +25,6 @@ from draft_loss.cotrain import (
     full_initial_parameters,
     shard_batch_for_cp,
 )
-from draft_loss.context_parallel import padded_length
 from simdist import Layout
 
 ROWS_PER_REPLICA = 4
@@ -106,7 +106,8 @@ def groups_of(ctx) -> ParallelGroups:
     """The layout's groups, None for axes of size 1 (the code under test's convention)."""
     layout = ctx.layout
     groups = {
-        axis: getattr(ctx.groups, axis) if getattr(layout, axis) > 1 else None for axis in ("tp", "cp", "dp", "pp")
+        axis: getattr(ctx.groups, axis) if getattr(layout, axis) > 1 else None
+        for axis in ("tp", "cp", "dp", "pp")
     }
     return ParallelGroups(**groups, dp_cp=ctx.groups.dp_cp if layout.dp * layout.cp > 1 else None)
 
@@ -135,7 +136,10 @@ def run_modes(
 ) -> tuple[dict[str, list[StepResult]], tuple]:
     global_batch = make_global_batch(scenario, layout.dp, config, seed, seq_len=seq_len, cp=layout.cp)
     per_rank = simdist.run(
-        _both_modes_body, layout=layout, args=(config, global_batch, num_microbatches, tuple(modes)), timeout=120.0
+        _both_modes_body,
+        layout=layout,
+        args=(config, global_batch, num_microbatches, tuple(modes)),
+        timeout=120.0,
     )
     return {mode: [r[mode] for r in per_rank] for mode in modes}, global_batch
 
@@ -182,7 +186,9 @@ def check_ranks_agree(layout: Layout, results: list[StepResult], mode: str) -> N
     """Metrics and grad norms are identical, bit for bit, on every rank."""
     first = results[0]
     for rank, result in enumerate(results):
-        assert result.metrics == first.metrics, f"{mode}: rank {rank} metrics {result.metrics} != rank 0 {first.metrics}"
+        assert result.metrics == first.metrics, (
+            f"{mode}: rank {rank} metrics {result.metrics} != rank 0 {first.metrics}"
+        )
         assert result.grad_norms == first.grad_norms, (
             f"{mode}: rank {rank} grad norms {result.grad_norms} != rank 0 {first.grad_norms}"
         )
@@ -224,7 +230,8 @@ def check_against(
         for kind, scale in (("grads", grad_scale), ("params", param_scale)):
             actual: dict[str, torch.Tensor] = getattr(result, kind)
             refs = {
-                name: shard(getattr(exp, kind)[name], name, coords.tp, layout.tp) if tp_sharded_expected
+                name: shard(getattr(exp, kind)[name], name, coords.tp, layout.tp)
+                if tp_sharded_expected
                 else getattr(exp, kind)[name]
                 for name in actual
             }
@@ -234,19 +241,31 @@ def check_against(
         ref_norms = torch.tensor([exp.grad_norms[group] for group in ("policy", "draft")])
         if not _within(norms, ref_norms, rtol, atol_fraction * grad_scale):
             for group in ("policy", "draft"):  # the first one out of tolerance raises
-                _close(torch.tensor(result.grad_norms[group]), torch.tensor(exp.grad_norms[group]),
-                       rtol, atol_fraction * grad_scale, f"{what}: rank {rank} {group} grad norm")
+                _close(
+                    torch.tensor(result.grad_norms[group]),
+                    torch.tensor(exp.grad_norms[group]),
+                    rtol,
+                    atol_fraction * grad_scale,
+                    f"{what}: rank {rank} {group} grad norm",
+                )
         worst["grad_norms"] = max(worst["grad_norms"], _max_error(norms, ref_norms) / grad_scale)
         metrics = torch.tensor([result.metrics[metric] for metric in METRIC_NAMES])
         ref_metrics = torch.tensor([exp.metrics[metric] for metric in METRIC_NAMES])
         if not _within(metrics, ref_metrics, rtol, atol_fraction):
             for metric in METRIC_NAMES:
-                _close(torch.tensor(result.metrics[metric]), torch.tensor(exp.metrics[metric]),
-                       rtol, atol_fraction, f"{what}: rank {rank} metric {metric}")
+                _close(
+                    torch.tensor(result.metrics[metric]),
+                    torch.tensor(exp.metrics[metric]),
+                    rtol,
+                    atol_fraction,
+                    f"{what}: rank {rank} metric {metric}",
+                )
         worst["metrics"] = max(worst["metrics"], _max_error(metrics, ref_metrics))
     # Every parameter of the model is owned by some rank.
     owned = set().union(*(r.grads.keys() for r in results))
-    assert owned == set(sample.grads) or not tp_sharded_expected, f"{what}: parameters {set(sample.grads) - owned} unowned"
+    assert owned == set(sample.grads) or not tp_sharded_expected, (
+        f"{what}: parameters {set(sample.grads) - owned} unowned"
+    )
     return worst
 
 
@@ -273,8 +292,9 @@ def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float(error.max()) if error.numel() else 0.0
 
 
-def _close_all(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float, atol: float,
-               what: str) -> float:
+def _close_all(
+    actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float, atol: float, what: str
+) -> float:
     """``_close`` of every ``actual[name]`` against ``expected[name]`` (message ``"{what} {name}"``);
     returns the largest absolute error over all of them."""
     flat_actual, flat_expected = _flat(actual.values()), _flat(expected[name] for name in actual)
@@ -314,7 +334,12 @@ TOLERANCES = {
 
 
 def check_parity(
-    layout: Layout, config: CotrainConfig, scenario: str, num_microbatches: int, seed: int = 0, *,
+    layout: Layout,
+    config: CotrainConfig,
+    scenario: str,
+    num_microbatches: int,
+    seed: int = 0,
+    *,
     seq_len: int = SEQ_LEN,
 ) -> dict[str, float]:
     """The parity property: split == monolithic == float64 reference (of the unsharded sequence), on every rank.
@@ -330,16 +355,26 @@ def check_parity(
     rtol, atol = tol["split_vs_monolithic"]
     worst = {}
     errors = check_against(
-        layout, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol,
-        what="split vs monolithic", tp_sharded_expected=False,
+        layout,
+        split,
+        lambda rank: mono[rank],
+        rtol=rtol,
+        atol_fraction=atol,
+        what="split vs monolithic",
+        tp_sharded_expected=False,
     )
     worst |= {f"split_vs_monolithic:{k}": v for k, v in errors.items()}
     ref = reference_of(config, global_batch)
     rtol, atol = tol["vs_reference"]
     for mode, per_rank in results.items():
         errors = check_against(
-            layout, per_rank, lambda rank: ref, rtol=rtol, atol_fraction=atol,
-            what=f"{mode} vs float64 reference", tp_sharded_expected=True,
+            layout,
+            per_rank,
+            lambda rank: ref,
+            rtol=rtol,
+            atol_fraction=atol,
+            what=f"{mode} vs float64 reference",
+            tp_sharded_expected=True,
         )
         worst |= {f"{mode}_vs_reference:{k}": v for k, v in errors.items()}
     return worst

@@ -34,7 +34,9 @@ def _shift_left(values: torch.Tensor) -> torch.Tensor:
 
 def reference_step(config, params: dict[str, torch.Tensor], tokens, mask, bin_ids) -> ReferenceResult:
     """One step of ``config``'s model from ``params`` (full float64 tensors) on the global batch."""
-    P = {name: value.detach().to(torch.float64).clone().requires_grad_(True) for name, value in params.items()}
+    P = {
+        name: value.detach().to(torch.float64).clone().requires_grad_(True) for name, value in params.items()
+    }
     mask = mask.to(torch.float64)
     hidden = P["embedding.weight"][tokens]
     for i in range(config.num_layers):
@@ -62,7 +64,9 @@ def reference_step(config, params: dict[str, torch.Tensor], tokens, mask, bin_id
     numerators = torch.zeros(config.num_bins, dtype=torch.float64).index_add(
         0, bins.reshape(-1), (soft_ce * policy_mask).reshape(-1)
     )
-    counts = torch.zeros(config.num_bins, dtype=torch.float64).index_add(0, bins.reshape(-1), policy_mask.reshape(-1))
+    counts = torch.zeros(config.num_bins, dtype=torch.float64).index_add(
+        0, bins.reshape(-1), policy_mask.reshape(-1)
+    )
     weighted_count = float((weights * counts).sum())
     weighted_sum = (weights * numerators).sum()
     draft_loss = weighted_sum / weighted_count if weighted_count > 0 else weighted_sum * 0.0

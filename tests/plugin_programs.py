@@ -2,7 +2,7 @@
 
 # Rank 1 fails an assertion after a collective on ``axis``; every other rank
 # then waits for it in a world all-reduce, so all of them are released by it.
-FAILING_RANK_ONE = '''
+FAILING_RANK_ONE = """
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,4 +16,4 @@ def test_fails(ctx):
         seen = int(t.item()) + 1
         assert seen == 2, "{axis} sum is off"
     dist.all_reduce(t)  # every other rank waits here for rank 1, which never comes
-'''
+"""

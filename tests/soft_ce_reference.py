@@ -45,7 +45,11 @@ def reference_stats(
     """Binned statistics; ``student`` may require grad (float64 autograd flows through)."""
     ce = token_cross_entropy(student, teacher).reshape(-1)
     mask64 = mask.reshape(-1).to(torch.float64)
-    bins = torch.zeros_like(mask64, dtype=torch.int64) if bin_ids is None else bin_ids.reshape(-1).to(torch.int64)
+    bins = (
+        torch.zeros_like(mask64, dtype=torch.int64)
+        if bin_ids is None
+        else bin_ids.reshape(-1).to(torch.int64)
+    )
     if num_bins is None:
         num_bins = len(weights) if weights is not None else (int(bins.max()) + 1 if bins.numel() else 1)
     numerators = []

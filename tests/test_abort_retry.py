@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from cotrain_faults import (
     LAYOUT,
     MICROBATCHES,
@@ -18,6 +17,7 @@ from cotrain_faults import (
     faulty_then_retry,
 )
 from cotrain_harness import config_for, local_batch, make_global_batch
+
 from draft_loss.cotrain import CotrainWorker, ParallelGroups, StepAbortedError
 from draft_loss.step_state import StepPhase
 from simdist import Layout
@@ -35,7 +35,9 @@ def clean():
 
 
 def _check_fault_then_retry(clean, fault_rank: int, point: str, layout: Layout = LAYOUT) -> None:
-    failure, before, after, states, leftovers, retried = faulty_then_retry(layout, fault_rank, point, **CLIPPED)
+    failure, before, after, states, leftovers, retried = faulty_then_retry(
+        layout, fault_rank, point, **CLIPPED
+    )
     # The injected fault is the first failure, unless the faulty rank reached
     # the commit agreement and a peer learnt there that the step failed (then
     # simdist releases the rest, the faulty rank included).
@@ -85,7 +87,13 @@ def clean_cp():
 
 
 @pytest.mark.parametrize(
-    "point", ["split:microbatch:1:forward", "split:before_count_reduction", "split:during_correction", "split:optimizer:2"]
+    "point",
+    [
+        "split:microbatch:1:forward",
+        "split:before_count_reduction",
+        "split:during_correction",
+        "split:optimizer:2",
+    ],
 )
 def test_fault_on_a_cp_layout_then_retry_equals_a_clean_run(clean_cp, point):
     _check_fault_then_retry(clean_cp, CP_LAST_RANK, point, CP_LAYOUT)

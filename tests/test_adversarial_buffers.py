@@ -11,19 +11,22 @@ without sharing stay legal.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+import collective_reference as ref
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
-import collective_reference as ref
-import simdist
 from world_checks import clean_world  # noqa: F401 (a fixture)
 
-pytestmark = [pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
-              pytest.mark.usefixtures("clean_world")]
+import simdist
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
+    pytest.mark.usefixtures("clean_world"),
+]
 
 TIMEOUT = 30.0
 K = 3
@@ -34,6 +37,7 @@ def data(rank: int) -> torch.Tensor:
 
 
 # --- in-place forms -----------------------------------------------------------------------
+
 
 def in_place_body(ctx: simdist.RankContext) -> dict[str, Any]:
     """Every in-place form, as FSDP2 and friends write them; returns plain lists."""
@@ -108,6 +112,7 @@ def test_in_place_collectives_match_gloo() -> None:
 
 # --- the version counter -----------------------------------------------------------------
 
+
 def saved_then_reduced_body(ctx: simdist.RankContext) -> list[float]:
     w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     y = w * (ctx.rank + 1)
@@ -121,11 +126,13 @@ def saved_then_reduced_body(ctx: simdist.RankContext) -> list[float]:
 def test_a_result_written_into_a_saved_tensor_does_not_break_backward() -> None:
     # dz/dw = 2 * y * (r + 1), with y = 3w after the all_reduce.
     assert simdist.run(saved_then_reduced_body, world_size=2, timeout=TIMEOUT) == [
-        [6.0, 12.0, 18.0], [12.0, 24.0, 36.0],
+        [6.0, 12.0, 18.0],
+        [12.0, 24.0, 36.0],
     ]
 
 
 # --- dtypes -----------------------------------------------------------------------------
+
 
 def mixed_dtype_call(op: str, n: int) -> None:
     f32, f64 = torch.float32, torch.float64
@@ -138,13 +145,19 @@ def mixed_dtype_call(op: str, n: int) -> None:
     elif op == "reduce_scatter":
         dist.reduce_scatter(torch.zeros(K, dtype=f32), [torch.ones(K, dtype=f64) for _ in range(n)])
     elif op == "gather":
-        dist.gather(torch.ones(K, dtype=f32), [torch.zeros(K, dtype=f64) for _ in range(n)], dst=dist.get_rank())
+        dist.gather(
+            torch.ones(K, dtype=f32), [torch.zeros(K, dtype=f64) for _ in range(n)], dst=dist.get_rank()
+        )
     elif op == "scatter":
-        dist.scatter(torch.zeros(K, dtype=f32), [torch.ones(K, dtype=f64) for _ in range(n)], src=dist.get_rank())
+        dist.scatter(
+            torch.zeros(K, dtype=f32), [torch.ones(K, dtype=f64) for _ in range(n)], src=dist.get_rank()
+        )
     elif op == "all_to_all_single":
         dist.all_to_all_single(torch.zeros(n * K, dtype=f64), torch.ones(n * K, dtype=f32))
     elif op == "all_to_all":
-        dist.all_to_all([torch.zeros(K, dtype=f64) for _ in range(n)], [torch.ones(K, dtype=f32) for _ in range(n)])
+        dist.all_to_all(
+            [torch.zeros(K, dtype=f64) for _ in range(n)], [torch.ones(K, dtype=f32) for _ in range(n)]
+        )
     else:
         raise AssertionError(op)
 
@@ -154,8 +167,17 @@ def mixed_dtype_body(ctx: simdist.RankContext, op: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "op", ["all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "reduce_scatter",
-           "gather", "scatter", "all_to_all", "all_to_all_single"],
+    "op",
+    [
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_gather",
+        "reduce_scatter",
+        "gather",
+        "scatter",
+        "all_to_all",
+        "all_to_all_single",
+    ],
 )
 def test_outputs_and_inputs_of_different_dtypes_are_refused(op: str) -> None:
     # gather and scatter run on one rank (its own root), so the error is its alone.
@@ -172,6 +194,7 @@ def test_outputs_and_inputs_of_different_dtypes_are_refused(op: str) -> None:
 
 
 # --- memory shared between members ------------------------------------------------------
+
 
 def shared_output_body(ctx: simdist.RankContext, shared: torch.Tensor) -> None:
     dist.all_reduce(shared)  # shared output

@@ -20,15 +20,16 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from world_checks import clean_world  # noqa: F401 (a fixture)
 
 import simdist
 from simdist import FaultPlan, Layout
-from world_checks import clean_world  # noqa: F401 (a fixture)
 
 TIMEOUT = 30.0
 
 
 # --- a partial deadlock while other ranks keep working ------------------------------------
+
 
 def partial_cycle_body(ctx: simdist.RankContext, reported: threading.Event) -> str:
     if ctx.rank in (0, 1):
@@ -51,8 +52,13 @@ def partial_cycle_body(ctx: simdist.RankContext, reported: threading.Event) -> s
 
 def test_partial_deadlock_is_reported_while_others_run(clean_world: None) -> None:
     with pytest.raises(simdist.DeadlockError) as info:
-        simdist.run(partial_cycle_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT,
-                    args=(threading.Event(),), share_args=True)
+        simdist.run(
+            partial_cycle_body,
+            layout=Layout(tp=2, dp=2),
+            timeout=TIMEOUT,
+            args=(threading.Event(),),
+            share_args=True,
+        )
     message = str(info.value)
     assert message.startswith("deadlock: rank(s) [0, 1] wait for each other in a cycle: 0 -> 1 -> 0")
     assert "rank 0 (tp=0 cp=0 dp=0 pp=0): waiting in send to rank 1 (tag 0)" in message
@@ -85,6 +91,7 @@ def test_catch_and_retry_cannot_turn_a_deadlock_into_a_timeout(clean_world: None
 
 # --- a group or work that escapes its run -------------------------------------------------
 
+
 def escaping_body(ctx: simdist.RankContext) -> tuple[dist.ProcessGroup, Any]:
     work = None
     if ctx.rank == 0:
@@ -104,7 +111,7 @@ def call_in_thread(fn: Any) -> BaseException | None:
         try:
             fn()
             outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)
@@ -147,10 +154,11 @@ def test_a_group_of_a_world_aborted_mid_run_names_its_run(clean_world: None) -> 
 
 # --- failures that a body catches ---------------------------------------------------------
 
+
 def swallow_mismatch_body(ctx: simdist.RankContext) -> str:
     try:
         dist.all_reduce(torch.ones(2 + ctx.rank))
-    except Exception as exc:  # noqa: BLE001 - "log and carry on"
+    except Exception as exc:
         return f"logged: {type(exc).__name__}"
     return "ok"
 
@@ -243,13 +251,16 @@ def test_independent_failures_are_reported_in_rank_order(clean_world: None) -> N
 
 # --- the trace file -------------------------------------------------------------------------
 
+
 def deadlock_body(ctx: simdist.RankContext, ran: list[int]) -> None:
     ran.append(ctx.rank)
     if ctx.rank == 0:
         dist.barrier()
 
 
-def test_a_trace_path_in_a_missing_directory_is_refused_before_the_run(clean_world: None, tmp_path: Path) -> None:
+def test_a_trace_path_in_a_missing_directory_is_refused_before_the_run(
+    clean_world: None, tmp_path: Path
+) -> None:
     ran: list[int] = []
     target = tmp_path / "missing" / "trace.json"
     with pytest.raises(FileNotFoundError, match="directory does not exist"):
@@ -267,22 +278,30 @@ def test_a_trace_that_cannot_be_written_never_hides_the_outcome(clean_world: Non
     folder = tmp_path / "traces"
     folder.mkdir()
     with pytest.raises(simdist.DeadlockError) as info:
-        simdist.run(remove_folder_then_deadlock, world_size=2, timeout=TIMEOUT,
-                    trace=folder / "t.json", args=(str(folder),))
+        simdist.run(
+            remove_folder_then_deadlock,
+            world_size=2,
+            timeout=TIMEOUT,
+            trace=folder / "t.json",
+            args=(str(folder),),
+        )
     assert "the trace could not be written" in str(info.value)
     assert not os.path.exists(folder)
 
 
 # --- the wait-for graph, without threads ------------------------------------------------------
 
+
 def test_the_wait_for_graph_finds_exactly_the_closed_sets() -> None:
     from simdist.waitfor import cannot_complete, find_cycle
 
     running = {5}.__contains__  # rank 5 runs; 6 has left; every key waits
     graph = {
-        0: [1], 1: [0],  # a cycle
+        0: [1],
+        1: [0],  # a cycle
         2: [0],  # waits on the cycle
-        3: [5], 4: [3],  # a chain that ends at a running rank
+        3: [5],
+        4: [3],  # a chain that ends at a running rank
         7: [6],  # waits on a rank that has left
         8: [5, 1],  # needs a running rank and a stuck one: stuck
     }

@@ -15,19 +15,22 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from world_checks import clean_world  # noqa: F401 (a fixture)
 
 import simdist
-from world_checks import clean_world  # noqa: F401 (a fixture)
 from simdist import Fault, FaultPlan, Layout
 
-pytestmark = [pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
-              pytest.mark.usefixtures("clean_world")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning"),
+    pytest.mark.usefixtures("clean_world"),
+]
 
 TIMEOUT = 30.0
 TP_DP = Layout(tp=2, dp=2)
 
 
 # --- corrupt on strided tensors -----------------------------------------------------------
+
 
 def strided_body(ctx: simdist.RankContext) -> dict[str, Any]:
     base = torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * (ctx.rank + 1)
@@ -41,8 +44,9 @@ def strided_body(ctx: simdist.RankContext) -> dict[str, Any]:
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
 def test_corrupt_reaches_the_wire_from_a_non_contiguous_tensor(op: str) -> None:
-    results = simdist.run(strided_body, world_size=2, timeout=TIMEOUT,
-                          faults=FaultPlan.corrupt(rank=0, mode="nan", op=op))
+    results = simdist.run(
+        strided_body, world_size=2, timeout=TIMEOUT, faults=FaultPlan.corrupt(rank=0, mode="nan", op=op)
+    )
     for out in results:
         got = out["reduced"] if op == "all_reduce" else out["gathered"][0]
         # Element [0, 0] of rank 0's contribution is NaN; nothing else is.
@@ -55,12 +59,15 @@ def test_corrupt_reaches_the_wire_from_a_non_contiguous_tensor(op: str) -> None:
 
 # --- typos are refused up front -------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "kwargs, valid",
-    [({"op": "allreduce"}, "'all_reduce'"),
-     ({"group": "tensor"}, "'tp'"),
-     ({"mode": "zero"}, "'bitflip'"),
-     ({"kind": "hang"}, "'delay'")],
+    [
+        ({"op": "allreduce"}, "'all_reduce'"),
+        ({"group": "tensor"}, "'tp'"),
+        ({"mode": "zero"}, "'bitflip'"),
+        ({"kind": "hang"}, "'delay'"),
+    ],
     ids=["op", "axis", "mode", "kind"],
 )
 def test_unknown_fault_names_are_refused_with_the_valid_list(kwargs: dict[str, str], valid: str) -> None:
@@ -82,6 +89,7 @@ def test_a_corruption_that_could_never_act_is_refused() -> None:
 
 # --- seeded plans reproduce ---------------------------------------------------------------
 
+
 def tp_dp_loop(ctx: simdist.RankContext) -> list[list[float]]:
     out = []
     for step in range(3):
@@ -98,8 +106,14 @@ def outcome(plan: FaultPlan) -> tuple[Any, ...]:
         results = simdist.run(tp_dp_loop, layout=TP_DP, faults=plan, timeout=TIMEOUT)
     except simdist.RankError as err:
         head = str(err).split("last calls per rank")[0]
-        return ("RankError", sorted(err.failures), err.released, type(err.__cause__).__name__,
-                str(err.__cause__), head)
+        return (
+            "RankError",
+            sorted(err.failures),
+            err.released,
+            type(err.__cause__).__name__,
+            str(err.__cause__),
+            head,
+        )
     except simdist.SimulationError as err:
         return (type(err).__name__, str(err).split("last calls per rank")[0])
     return ("ok", repr(results))
@@ -127,11 +141,16 @@ def test_random_plans_give_the_same_outcome_on_every_run() -> None:
 
 # --- a long delay ends with the run ----------------------------------------------------------
 
+
 def test_a_long_delay_is_cut_short_by_the_watchdog() -> None:
     before = set(threading.enumerate())
     with pytest.raises(simdist.SimulationTimeout, match="still running"):
-        simdist.run(tp_dp_loop, layout=TP_DP, timeout=0.5,
-                    faults=FaultPlan.delay(rank=0, seconds=60.0, op="all_reduce"))
+        simdist.run(
+            tp_dp_loop,
+            layout=TP_DP,
+            timeout=0.5,
+            faults=FaultPlan.delay(rank=0, seconds=60.0, op="all_reduce"),
+        )
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert left == [], f"a delayed rank outlived run(): {left}"
     assert simdist.run(tp_dp_loop, layout=TP_DP, timeout=TIMEOUT)[0] == [[6.0, 4.0], [10.0, 4.0], [14.0, 4.0]]

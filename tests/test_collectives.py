@@ -12,19 +12,20 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
+import collective_reference as ref
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from collective_reference import BOOL, FLOAT, INT, Sizes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import collective_reference as ref
 import simdist
-from collective_reference import BOOL, FLOAT, INT, Sizes
 from simdist import Layout
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
@@ -42,7 +43,10 @@ DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-KIND = {name: FLOAT if dt.is_floating_point else (BOOL if dt == torch.bool else INT) for name, dt in DTYPES.items()}
+KIND = {
+    name: FLOAT if dt.is_floating_point else (BOOL if dt == torch.bool else INT)
+    for name, dt in DTYPES.items()
+}
 NP_INT = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8}
 TORCH_OPS = {name: getattr(dist.ReduceOp, name) for name in ref.REDUCE_OPS}
 LAYOUT_AXES = ("tp", "cp", "dp", "pp", "dp_cp", "mp")
@@ -70,13 +74,20 @@ class World:
 
     def run(self, body: Callable[..., Any], *args: Any, share_args: bool = False, **kwargs: Any) -> list[Any]:
         if self.layout is None:
-            return simdist.run(body, world_size=self.world_size, timeout=TIMEOUT, args=args, kwargs=kwargs,
-                               share_args=share_args)
-        return simdist.run(body, layout=self.layout, timeout=TIMEOUT, args=args, kwargs=kwargs,
-                           share_args=share_args)
+            return simdist.run(
+                body,
+                world_size=self.world_size,
+                timeout=TIMEOUT,
+                args=args,
+                kwargs=kwargs,
+                share_args=share_args,
+            )
+        return simdist.run(
+            body, layout=self.layout, timeout=TIMEOUT, args=args, kwargs=kwargs, share_args=share_args
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _members(sizes: Sizes, axis: str, rank: int) -> tuple[int, ...]:
     if axis in ("default", "world"):
         return tuple(range(sizes.world_size))
@@ -142,14 +153,34 @@ def reduction_cases(world: World, full_product: bool) -> list[Case]:
             rotated = [axes[(i + k) % len(axes)] for k in range(min(3, len(axes)))]
             chosen = axes if full_product else rotated
             for j, axis in enumerate(chosen):
-                cases.append(Case(f"{axis}/{dtype}/{op}/{data}", axis, dtype, op, (i + j) % 2 == 1, seed=len(cases), data=data))
+                cases.append(
+                    Case(
+                        f"{axis}/{dtype}/{op}/{data}",
+                        axis,
+                        dtype,
+                        op,
+                        (i + j) % 2 == 1,
+                        seed=len(cases),
+                        data=data,
+                    )
+                )
             i += 1
     # Random floats: rounding happens, results compared within a bound that holds
     # for any summation order.
     for dtype in ("float32", "float64", "bfloat16", "float16"):
         for op in ("SUM", "AVG"):
             for j, axis in enumerate(axes if full_product else axes[:3]):
-                cases.append(Case(f"{axis}/{dtype}/{op}/noise", axis, dtype, op, j % 2 == 0, seed=len(cases), data="noise"))
+                cases.append(
+                    Case(
+                        f"{axis}/{dtype}/{op}/noise",
+                        axis,
+                        dtype,
+                        op,
+                        j % 2 == 0,
+                        seed=len(cases),
+                        data="noise",
+                    )
+                )
     return cases
 
 
@@ -157,7 +188,9 @@ def movement_cases(world: World) -> list[Case]:
     cases: list[Case] = []
     for i, dtype in enumerate(DTYPES):
         for j, axis in enumerate(world.axes()):
-            cases.append(Case(f"{axis}/{dtype}", axis, dtype, None, (i + j) % 2 == 1, seed=len(cases), data="noise"))
+            cases.append(
+                Case(f"{axis}/{dtype}", axis, dtype, None, (i + j) % 2 == 1, seed=len(cases), data="noise")
+            )
     return cases
 
 
@@ -193,7 +226,7 @@ def make(case: Case, rank: int, shape: Sequence[int] = (5,), sub: int = 0) -> to
     return torch.from_numpy(np.ascontiguousarray(values)).to(DTYPES[case.dtype])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_input(case: Case, rank: int, shape: tuple[int, ...] = (5,), sub: int = 0) -> np.ndarray:
     """``make``'s value as numpy, cached: the checks rebuild each input many times."""
     array = to_np(make(case, rank, shape, sub))
@@ -232,7 +265,9 @@ def issue_reduce(rank: int, case: Case, group: Any, members: list[int]) -> Issue
     t = make(case, rank)
     root = pick_root(case, members)
     if case.seed % 2:
-        work = dist.reduce(t, group_dst=members.index(root), op=TORCH_OPS[case.op], group=group, async_op=case.async_op)
+        work = dist.reduce(
+            t, group_dst=members.index(root), op=TORCH_OPS[case.op], group=group, async_op=case.async_op
+        )
     else:
         work = dist.reduce(t, dst=root, op=TORCH_OPS[case.op], group=group, async_op=case.async_op)
     return (lambda: t), work
@@ -357,7 +392,9 @@ def inputs_of(case: Case, members: list[int], shape: tuple[int, ...] = (5,)) -> 
 # collective promises nothing).
 
 
-def bound_of(case: Case, group_result: Callable[[list[np.ndarray]], list[np.ndarray]], xs: list[np.ndarray]) -> list[Any]:
+def bound_of(
+    case: Case, group_result: Callable[[list[np.ndarray]], list[np.ndarray]], xs: list[np.ndarray]
+) -> list[Any]:
     """Elementwise sum of |inputs| that each member's result came from: the scale of
     the rounding error any summation order may make."""
     if KIND[case.dtype] != FLOAT:
@@ -376,14 +413,19 @@ def expect_reduce(case: Case, members: list[int]) -> list[Any]:
     root = members.index(pick_root(case, members))
     bound = bound_of(case, lambda a: [ref.reduce(a, "SUM", root)] * len(a), xs)[root]
     # gloo uses non-root buffers as scratch: only the root's result is defined.
-    return [Expect(ref.reduce(xs, case.op, root), bound) if i == root else UNSPECIFIED for i in range(len(members))]
+    return [
+        Expect(ref.reduce(xs, case.op, root), bound) if i == root else UNSPECIFIED
+        for i in range(len(members))
+    ]
 
 
 def expect_reduce_scatter(case: Case, members: list[int]) -> list[Any]:
     n = len(members)
     lists = [[ref_input(case, m, sub=j) for j in range(n)] for m in members]
     if KIND[case.dtype] == FLOAT:
-        bounds = ref.reduce_scatter([[np.abs(c.astype(np.float64)) for c in chunks] for chunks in lists], "SUM")
+        bounds = ref.reduce_scatter(
+            [[np.abs(c.astype(np.float64)) for c in chunks] for chunks in lists], "SUM"
+        )
     else:
         bounds = [None] * n
     return [Expect(v, b) for v, b in zip(ref.reduce_scatter(lists, case.op), bounds)]
@@ -438,7 +480,7 @@ def expect_all_to_all_single_uneven(case: Case, members: list[int]) -> list[Any]
     return [Expect(v) for v in ref.all_to_all_single(xs, splits)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expected(name: str, case: Case, members: tuple[int, ...]) -> list[Any]:
     return COLLECTIVES[name][1](case, list(members))
 
@@ -464,10 +506,14 @@ COLLECTIVES: dict[str, tuple[Callable[..., Issued], Callable[..., Any]]] = {
     "all_to_all_single_uneven": (issue_all_to_all_single_uneven, expect_all_to_all_single_uneven),
 }
 # Names torch itself lacks (the *_single ones are new in 2.13) are left out.
-AVAILABLE = tuple(name for name in COLLECTIVES if hasattr(dist, name.replace("_even", "").replace("_uneven", "")))
+AVAILABLE = tuple(
+    name for name in COLLECTIVES if hasattr(dist, name.replace("_even", "").replace("_uneven", ""))
+)
 # Same backend paths as the *_tensor forms: checked on fewer worlds.
 ALIASES = tuple(n for n in ("reduce_scatter_single", "all_gather_single") if n in AVAILABLE)
-REDUCTIONS = tuple(n for n in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor") if n in AVAILABLE)
+REDUCTIONS = tuple(
+    n for n in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor") if n in AVAILABLE
+)
 MOVEMENTS = tuple(name for name in AVAILABLE if name not in REDUCTIONS + ALIASES)
 
 
@@ -551,7 +597,9 @@ def flatten_bits(value: Any) -> Any:
     return value
 
 
-def check_against_reference(world: World, name: str, cases: list[Case], results: list[dict[str, Any]]) -> None:
+def check_against_reference(
+    world: World, name: str, cases: list[Case], results: list[dict[str, Any]]
+) -> None:
     problems = []
     for rank in range(world.world_size):
         for case in cases:
@@ -603,15 +651,23 @@ UNDEFINED = [
     (op, dtype) for dtype, kind in KIND.items() for op in ref.REDUCE_OPS if not ref.op_defined(op, kind)
 ]
 TORCH_TYPE_NAMES = {
-    "float32": "float", "float64": "double", "bfloat16": "bfloat16", "float16": "half",
-    "int32": "int", "int64": "long", "uint8": "byte", "bool": "bool",
+    "float32": "float",
+    "float64": "double",
+    "bfloat16": "bfloat16",
+    "float16": "half",
+    "int32": "int",
+    "int64": "long",
+    "uint8": "byte",
+    "bool": "bool",
 }
 
 
 def names_dtype(message: str, dtype: str) -> bool:
     lowered = message.lower()
-    return dtype in lowered or TORCH_TYPE_NAMES[dtype] in lowered.replace("torch.", " ").split() or (
-        f"torch.{dtype}" in lowered
+    return (
+        dtype in lowered
+        or TORCH_TYPE_NAMES[dtype] in lowered.replace("torch.", " ").split()
+        or (f"torch.{dtype}" in lowered)
     )
 
 
@@ -641,7 +697,11 @@ def test_undefined_reduction_raises_naming_op(op: str, dtype: str) -> None:
 
 @pytest.mark.parametrize(
     "collective,op,dtype",
-    [("reduce", "BAND", "float32"), ("reduce_scatter_tensor", "AVG", "int64"), ("reduce_scatter", "BXOR", "bfloat16")],
+    [
+        ("reduce", "BAND", "float32"),
+        ("reduce_scatter_tensor", "AVG", "int64"),
+        ("reduce_scatter", "BXOR", "bfloat16"),
+    ],
 )
 def test_undefined_reduction_raises_in_other_reductions(collective: str, op: str, dtype: str) -> None:
     with pytest.raises(simdist.RankError) as info:
@@ -652,7 +712,9 @@ def test_undefined_reduction_raises_in_other_reductions(collective: str, op: str
 # --- barrier --------------------------------------------------------------------
 
 
-def barrier_body(ctx: simdist.RankContext, world: World, arrivals: dict[str, list[int]], lock: threading.Lock) -> list[str]:
+def barrier_body(
+    ctx: simdist.RankContext, world: World, arrivals: dict[str, list[int]], lock: threading.Lock
+) -> list[str]:
     """Every rank records its arrival, then waits in barrier; afterwards every member
     of its group must have recorded. Late arrivals are staggered so a barrier that
     does not wait would be seen."""
@@ -822,8 +884,14 @@ def test_recv_from_any_source_reports_the_sender_or_is_refused() -> None:
 
 def payload(rank: int, tag: str) -> Any:
     # Variable-size pickles: a collective that assumed equal sizes would fail.
-    return {"from": rank, "tag": tag, "items": list(range(rank * 3)), "text": "x" * (rank * 7 + 1), "none": None,
-            "tensor": torch.arange(rank + 1, dtype=torch.int64)}
+    return {
+        "from": rank,
+        "tag": tag,
+        "items": list(range(rank * 3)),
+        "text": "x" * (rank * 7 + 1),
+        "none": None,
+        "tensor": torch.arange(rank + 1, dtype=torch.int64),
+    }
 
 
 def same_object(a: Any, b: Any) -> bool:
@@ -858,7 +926,9 @@ def object_body(ctx: simdist.RankContext, world: World) -> dict[str, Any]:
 
         dest = [None] * n if ctx.rank == root else None
         if use_group_index:
-            dist.gather_object(payload(ctx.rank, f"g{axis}"), dest, group_dst=members.index(root), group=group)
+            dist.gather_object(
+                payload(ctx.rank, f"g{axis}"), dest, group_dst=members.index(root), group=group
+            )
         else:
             dist.gather_object(payload(ctx.rank, f"g{axis}"), dest, dst=root, group=group)
         out[f"gather/{axis}"] = dest
@@ -888,12 +958,17 @@ def test_object_collectives(world: World) -> None:
                 f"bcast/{axis}": ref.broadcast_object_list(lists, root_index)[me],
                 f"allgather/{axis}": ref.all_gather_object([payload(m, f"ag{axis}") for m in members])[me],
                 f"gather/{axis}": ref.gather_object([payload(m, f"g{axis}") for m in members], root_index)
-                if rank == root else None,
-                f"scatter/{axis}": ref.scatter_object_list([payload(root, f"sc{axis}-to{j}") for j in range(n)], n)[me],
+                if rank == root
+                else None,
+                f"scatter/{axis}": ref.scatter_object_list(
+                    [payload(root, f"sc{axis}-to{j}") for j in range(n)], n
+                )[me],
             }
             for key, want in expected.items():
                 if not same_object(results[rank][key], want):
-                    problems.append(f"rank {rank} {key} in {members}: got {results[rank][key]!r}, expected {want!r}")
+                    problems.append(
+                        f"rank {rank} {key} in {members}: got {results[rank][key]!r}, expected {want!r}"
+                    )
     assert not problems, "\n".join(problems[:6])
 
 
@@ -1035,7 +1110,10 @@ def edge_shapes_body(ctx: simdist.RankContext) -> dict[str, Any]:
 def test_scalar_empty_and_large_tensors() -> None:
     n = 3
     results = simdist.run(edge_shapes_body, world_size=n, timeout=TIMEOUT)
-    xs = [torch.from_numpy(np.random.default_rng([r, 3]).standard_normal(200_001)).float().double().numpy() for r in range(n)]
+    xs = [
+        torch.from_numpy(np.random.default_rng([r, 3]).standard_normal(200_001)).float().double().numpy()
+        for r in range(n)
+    ]
     want = ref.all_reduce(xs, "SUM")[0]
     bound = ref.all_reduce([np.abs(x) for x in xs], "SUM")[0]
     eps = float(np.finfo(np.float32).eps)
@@ -1139,7 +1217,12 @@ def test_wrong_output_size_raises_instead_of_hanging(only_rank: int | None) -> N
 @st.composite
 def small_layouts(draw: st.DrawFn) -> Sizes:
     """Worlds of at most 8 ranks, with axes of 1..3 (3 is the non-power-of-two)."""
-    s = Sizes(tp=draw(st.integers(1, 3)), cp=draw(st.integers(1, 2)), dp=draw(st.integers(1, 3)), pp=draw(st.integers(1, 3)))
+    s = Sizes(
+        tp=draw(st.integers(1, 3)),
+        cp=draw(st.integers(1, 2)),
+        dp=draw(st.integers(1, 3)),
+        pp=draw(st.integers(1, 3)),
+    )
     return s if s.world_size <= 8 else Sizes(tp=s.tp, pp=2)
 
 
@@ -1156,7 +1239,9 @@ MIXED = [
 def mixed_body(ctx: simdist.RankContext, world: World, plan: list[tuple[str, Case]]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, case in plan:
-        read, work = COLLECTIVES[name][0](ctx.rank, case, group_handle(ctx, case.axis), world.members(case.axis, ctx.rank))
+        read, work = COLLECTIVES[name][0](
+            ctx.rank, case, group_handle(ctx, case.axis), world.members(case.axis, ctx.rank)
+        )
         if work is not None:
             work.wait()
         results[case.key] = read()
@@ -1171,14 +1256,18 @@ def test_random_layouts_mixed_collectives(s: Sizes, seed: int) -> None:
     for i, axis in enumerate(world.axes()):
         for j, (name, dtype, op) in enumerate(MIXED):
             data = "ints" if KIND[dtype] == FLOAT and op == "SUM" else ("noise" if op is None else "any")
-            case = Case(f"{name}/{axis}/{dtype}", axis, dtype, op, (i + j) % 2 == 0, seed=seed + len(plan), data=data)
+            case = Case(
+                f"{name}/{axis}/{dtype}", axis, dtype, op, (i + j) % 2 == 0, seed=seed + len(plan), data=data
+            )
             plan.append((name, case))
     results = world.run(mixed_body, world, plan)
     problems = []
     for rank in range(world.world_size):
         for name, case in plan:
             members = world.members(case.axis, rank)
-            problem = compare(results[rank][case.key], expected_for(name, case, members, rank), case, len(members))
+            problem = compare(
+                results[rank][case.key], expected_for(name, case, members, rank), case, len(members)
+            )
             if problem:
                 problems.append(f"{s} {case.key} rank {rank}: {problem}")
     assert not problems, "\n".join(problems[:6])
@@ -1191,8 +1280,14 @@ def test_reference_on_hand_worked_examples() -> None:
     a, b = np.array([1, 6], dtype=np.uint8), np.array([255, 3], dtype=np.uint8)
     assert ref.reduce_arrays([a, b], "SUM").tolist() == [0, 9]  # wraps
     assert ref.reduce_arrays([a, b], "BXOR").tolist() == [254, 5]
-    assert ref.reduce_arrays([np.array([True, False]), np.array([True, True])], "SUM").tolist() == [True, True]
-    assert ref.reduce_arrays([np.array([True, False]), np.array([True, True])], "BXOR").tolist() == [False, True]
+    assert ref.reduce_arrays([np.array([True, False]), np.array([True, True])], "SUM").tolist() == [
+        True,
+        True,
+    ]
+    assert ref.reduce_arrays([np.array([True, False]), np.array([True, True])], "BXOR").tolist() == [
+        False,
+        True,
+    ]
     assert ref.reduce_arrays([np.array([1.0, 2.0]), np.array([2.0, 5.0])], "AVG").tolist() == [1.5, 3.5]
     with pytest.raises(ref.UndefinedReduction):
         ref.reduce_arrays([np.array([1.0])], "BAND")
@@ -1203,7 +1298,14 @@ def test_reference_on_hand_worked_examples() -> None:
     assert [o.tolist() for o in ref.all_to_all_single(xs, [[1, 2], [2, 1]])] == [[0, 10, 11], [1, 2, 12]]
     assert ref.output_splits([[1, 2], [2, 1]]) == [[1, 2], [2, 1]]
     assert ref.output_splits([[0, 3], [1, 1]]) == [[0, 1], [3, 1]]
-    assert [o.tolist() for o in ref.reduce_scatter_tensor([np.arange(4), np.arange(4) * 10], "SUM")] == [[0, 11], [22, 33]]
-    assert [o.tolist() for o in ref.ring_shift([np.array([0]), np.array([1]), np.array([2])], 1)] == [[2], [0], [1]]
+    assert [o.tolist() for o in ref.reduce_scatter_tensor([np.arange(4), np.arange(4) * 10], "SUM")] == [
+        [0, 11],
+        [22, 33],
+    ]
+    assert [o.tolist() for o in ref.ring_shift([np.array([0]), np.array([1]), np.array([2])], 1)] == [
+        [2],
+        [0],
+        [1],
+    ]
     assert ref.reference_group_ranks(Sizes(tp=2, pp=2), "mp") == [[0, 1, 2, 3]]
     assert ref.reference_group_ranks(Sizes(tp=2, cp=2, dp=2), "dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cotrain_harness import config_for, groups_of, local_batch, make_global_batch
 
 import simdist
-from cotrain_harness import config_for, groups_of, local_batch, make_global_batch
 from draft_loss import soft_cross_entropy
 from draft_loss.cotrain import CotrainWorker
 from simdist import CommCount, CommStats, Layout
@@ -72,8 +72,15 @@ def validation_body(ctx: simdist.RankContext, shapes: list[tuple[int, int, int]]
         teacher = torch.randn(tokens, vocab, generator=g)
         mask = torch.ones(tokens)
         bins = torch.zeros(tokens, dtype=torch.int64)
-        soft_cross_entropy(student, teacher, mask, tp_group=ctx.groups.tp, token_chunk_size=chunk,
-                           bin_ids=bins, weights=torch.ones(2))
+        soft_cross_entropy(
+            student,
+            teacher,
+            mask,
+            tp_group=ctx.groups.tp,
+            token_chunk_size=chunk,
+            bin_ids=bins,
+            weights=torch.ones(2),
+        )
 
 
 def validation_cost(tp: int, shapes: list[tuple[int, int, int]]) -> dict[int, CommCount]:

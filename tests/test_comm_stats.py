@@ -73,12 +73,15 @@ def test_budget_passes_at_the_limit_and_names_the_rank_above_it() -> None:
         stats.assert_at_most(bytes={"dp:all_gather": 119})
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({}, "needs a calls budget"),
-    ({"calls": {"tp": -1}}, r"calls limit for 'tp' must be an int >= 0, got -1"),
-    ({"calls": {"tp": 1.5}}, r"must be an int >= 0, got 1.5"),
-    ({"bytes": {"": 3}}, "a budget key must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "needs a calls budget"),
+        ({"calls": {"tp": -1}}, r"calls limit for 'tp' must be an int >= 0, got -1"),
+        ({"calls": {"tp": 1.5}}, r"must be an int >= 0, got 1.5"),
+        ({"bytes": {"": 3}}, "a budget key must be"),
+    ],
+)
 def test_bad_budgets_are_refused(kwargs: dict, message: str) -> None:
     with CommStats() as stats:
         simdist.run(body, layout=LAYOUT)
@@ -140,7 +143,9 @@ def test_same_as_shows_the_difference() -> None:
         simdist.run(fewer, layout=LAYOUT)
     a.assert_same_as(b)
     c.assert_same_as(a, group="tp", op="barrier")  # nothing selected on either side
-    with pytest.raises(AssertionError, match=r"rank 0 tp/mp all_reduce: 2 calls / 24 B here, 1 calls / 12 B there"):
+    with pytest.raises(
+        AssertionError, match=r"rank 0 tp/mp all_reduce: 2 calls / 24 B here, 1 calls / 12 B there"
+    ):
         a.assert_same_as(c)
 
 

@@ -11,9 +11,17 @@ import math
 
 import pytest
 import torch
+from cotrain_harness import (
+    SCENARIOS,
+    check_parity,
+    config_for,
+    groups_of,
+    local_batch,
+    make_global_batch,
+    run_modes,
+)
 
 import simdist
-from cotrain_harness import SCENARIOS, check_parity, config_for, groups_of, local_batch, make_global_batch, run_modes
 from draft_loss import cotrain as cotrain_module
 from draft_loss.cotrain import CotrainBatch, CotrainWorker, ParallelGroups
 from draft_loss.step_state import DraftStepState
@@ -36,8 +44,12 @@ CI_CASES = [
 
 
 @pytest.mark.parametrize(
-    "layout, microbatches, scenario, dtype, overrides", CI_CASES,
-    ids=[f"{l.tp}x{l.dp}x{l.pp}-m{m}-{s}-{str(d)[6:]}{'-clip' if o == CLIPPED else ''}" for l, m, s, d, o in CI_CASES],
+    "layout, microbatches, scenario, dtype, overrides",
+    CI_CASES,
+    ids=[
+        f"{l.tp}x{l.dp}x{l.pp}-m{m}-{s}-{str(d)[6:]}{'-clip' if o == CLIPPED else ''}"
+        for l, m, s, d, o in CI_CASES
+    ],
 )
 def test_split_equals_monolithic_equals_reference(layout, microbatches, scenario, dtype, overrides):
     check_parity(layout, config_for(dtype, **overrides), scenario, microbatches)
@@ -45,13 +57,16 @@ def test_split_equals_monolithic_equals_reference(layout, microbatches, scenario
 
 GRID = [
     (Layout(tp=tp, dp=dp, pp=pp), m, s, d)
-    for tp, dp, pp, m, s, d in itertools.product((1, 2), (1, 2, 4), (1, 2), (1, 2, 3, 4), SCENARIOS, (F32, BF16))
+    for tp, dp, pp, m, s, d in itertools.product(
+        (1, 2), (1, 2, 4), (1, 2), (1, 2, 3, 4), SCENARIOS, (F32, BF16)
+    )
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "layout, microbatches, scenario, dtype", GRID,
+    "layout, microbatches, scenario, dtype",
+    GRID,
     ids=[f"tp{l.tp}-dp{l.dp}-pp{l.pp}-m{m}-{s}-{str(d)[6:]}" for l, m, s, d in GRID],
 )
 def test_parity_full_grid(layout, microbatches, scenario, dtype):
@@ -160,15 +175,28 @@ def test_gradient_transformations_run_in_the_contracted_order(monkeypatch):
         def wrapper(*args, **kwargs):
             calls.append(name)
             return original(*args, **kwargs)
+
         return wrapper
 
     monkeypatch.setattr(cotrain_module, "scale_gradients", spy("scale", cotrain_module.scale_gradients))
-    monkeypatch.setattr(DraftStepState, "correct_main_grads", spy("correct", DraftStepState.correct_main_grads))
-    monkeypatch.setattr(cotrain_module._grads, "group_grad_norms", spy("norms", cotrain_module._grads.group_grad_norms))
-    monkeypatch.setattr(cotrain_module, "clip_by_group_norms", spy("clip", cotrain_module.clip_by_group_norms))
-    monkeypatch.setattr(cotrain_module.MomentumSGD, "prepare", spy("optimizer", cotrain_module.MomentumSGD.prepare))
-    monkeypatch.setattr(cotrain_module.MomentumSGD, "commit", spy("commit", cotrain_module.MomentumSGD.commit))
+    monkeypatch.setattr(
+        DraftStepState, "correct_main_grads", spy("correct", DraftStepState.correct_main_grads)
+    )
+    monkeypatch.setattr(
+        cotrain_module._grads, "group_grad_norms", spy("norms", cotrain_module._grads.group_grad_norms)
+    )
+    monkeypatch.setattr(
+        cotrain_module, "clip_by_group_norms", spy("clip", cotrain_module.clip_by_group_norms)
+    )
+    monkeypatch.setattr(
+        cotrain_module.MomentumSGD, "prepare", spy("optimizer", cotrain_module.MomentumSGD.prepare)
+    )
+    monkeypatch.setattr(
+        cotrain_module.MomentumSGD, "commit", spy("commit", cotrain_module.MomentumSGD.commit)
+    )
     config = config_for(**CLIPPED)
     worker = CotrainWorker(config, ParallelGroups())
-    worker.train_step(local_batch(make_global_batch("uneven", 1, config), 0), mode="split", num_microbatches=3)
+    worker.train_step(
+        local_batch(make_global_batch("uneven", 1, config), 0), mode="split", num_microbatches=3
+    )
     assert calls == ["scale", "correct", "norms", "clip", "optimizer", "commit"]

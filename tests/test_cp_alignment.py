@@ -43,9 +43,21 @@ def test_shard_sequence_pads_at_the_end_with_the_pad_value():
     [
         (lambda: padded_length(0, 2), ValueError, "seq_len must be a positive int, got 0"),
         (lambda: load_balanced_positions(8, 2, 2), ValueError, r"cp_rank must be an int in \[0, 2\), got 2"),
-        (lambda: shard_sequence(torch.zeros(4), 0, 2), ValueError, r"values must be a tensor \[batch, seq, ...\]"),
-        (lambda: shift_left(torch.zeros(2, 4, requires_grad=True)), ValueError, "requires grad, but no gradient"),
-        (lambda: shift_left(torch.zeros(2, 4), torch.zeros(3, 4)), ValueError, r"must share \[batch, seq_local\]"),
+        (
+            lambda: shard_sequence(torch.zeros(4), 0, 2),
+            ValueError,
+            r"values must be a tensor \[batch, seq, ...\]",
+        ),
+        (
+            lambda: shift_left(torch.zeros(2, 4, requires_grad=True)),
+            ValueError,
+            "requires grad, but no gradient",
+        ),
+        (
+            lambda: shift_left(torch.zeros(2, 4), torch.zeros(3, 4)),
+            ValueError,
+            r"must share \[batch, seq_local\]",
+        ),
         (lambda: shift_left(torch.zeros(4)), ValueError, r"values\[0\] must be \[batch, seq_local, ...\]"),
         (lambda: shift_left([1, 2]), TypeError, r"values\[0\] must be a torch.Tensor, got list"),
     ],
@@ -102,14 +114,21 @@ def test_sharded_alignment_equals_the_unsharded_one_sliced(layout, seq_len, dtyp
     results = simdist.run(_align_body, layout=layout, args=(seq_len, dtype, seq_len), timeout=60.0)
     teacher, mask, tokens = _full_inputs(seq_len, dtype, seq_len)
     total = padded_length(seq_len, layout.cp)
-    padded = [torch.cat([t, torch.zeros((3, total - seq_len, *t.shape[2:]), dtype=t.dtype)], 1) for t in (teacher, mask)]
+    padded = [
+        torch.cat([t, torch.zeros((3, total - seq_len, *t.shape[2:]), dtype=t.dtype)], 1)
+        for t in (teacher, mask)
+    ]
     unsharded_teacher, unsharded_mask = align_for_draft(*padded)
     for rank, (got_teacher, got_mask, got_tokens) in enumerate(results):
         positions = load_balanced_positions(seq_len, layout.coords(rank).cp, layout.cp)
-        assert torch.equal(got_teacher, _expected_shift(teacher, positions, layout.cp)), f"rank {rank} teacher"
+        assert torch.equal(got_teacher, _expected_shift(teacher, positions, layout.cp)), (
+            f"rank {rank} teacher"
+        )
         assert torch.equal(got_mask, _expected_shift(mask, positions, layout.cp)), f"rank {rank} mask"
         assert torch.equal(got_tokens, _expected_shift(tokens, positions, layout.cp)), f"rank {rank} tokens"
-        assert torch.equal(got_teacher, unsharded_teacher[:, positions]), f"rank {rank} vs unsharded align_for_draft"
+        assert torch.equal(got_teacher, unsharded_teacher[:, positions]), (
+            f"rank {rank} vs unsharded align_for_draft"
+        )
         assert torch.equal(got_mask, unsharded_mask[:, positions])
         assert got_teacher.dtype == dtype and got_mask.dtype == torch.bool and got_tokens.dtype == torch.int64
 
@@ -122,7 +141,13 @@ def test_the_boundary_slots_are_the_ones_a_local_shift_gets_wrong():
         positions = load_balanced_positions(seq_len, cp_rank, layout.cp)
         local = shard_sequence(tokens, cp_rank, layout.cp)
         (local_only,) = shift_left(local, cp_group=None)
-        wrong = (local_only != _expected_shift(tokens, positions, layout.cp)).any(0).nonzero().reshape(-1).tolist()
+        wrong = (
+            (local_only != _expected_shift(tokens, positions, layout.cp))
+            .any(0)
+            .nonzero()
+            .reshape(-1)
+            .tolist()
+        )
         # Chunk A's end, except on the last rank (its chunks are adjacent), and
         # chunk B's end, except on rank 0 (the sequence's end, where 0 is right).
         expected_wrong = ([1] if cp_rank < layout.cp - 1 else []) + ([3] if cp_rank > 0 else [])

@@ -13,9 +13,9 @@ import itertools
 
 import pytest
 import torch
+from cotrain_harness import CP_SCENARIOS, check_parity, config_for, groups_of, local_batch, make_global_batch
 
 import simdist
-from cotrain_harness import CP_SCENARIOS, check_parity, config_for, groups_of, local_batch, make_global_batch
 from draft_loss.cotrain import CotrainBatch, CotrainWorker, ParallelGroups
 from simdist import Layout
 
@@ -41,16 +41,22 @@ def _case_id(layout, m, scenario, dtype, seq_len, overrides):
 
 
 @pytest.mark.parametrize(
-    "layout, microbatches, scenario, dtype, seq_len, overrides", CI_CASES, ids=[_case_id(*c) for c in CI_CASES]
+    "layout, microbatches, scenario, dtype, seq_len, overrides",
+    CI_CASES,
+    ids=[_case_id(*c) for c in CI_CASES],
 )
-def test_split_equals_monolithic_equals_unsharded_reference(layout, microbatches, scenario, dtype, seq_len, overrides):
+def test_split_equals_monolithic_equals_unsharded_reference(
+    layout, microbatches, scenario, dtype, seq_len, overrides
+):
     check_parity(layout, config_for(dtype, **overrides), scenario, microbatches, seq_len=seq_len)
 
 
 # One microbatch on a length that divides by 2cp for cp in {2, 3}, three on one that never does.
 GRID = [
     (Layout(tp=tp, cp=cp, dp=dp, pp=pp), m, s, d, 12 if m == 1 else 13)
-    for tp, cp, dp, pp, m, s, d in itertools.product((1, 2), (2, 3, 4), (1, 2), (1, 2), (1, 3), CP_SCENARIOS, (F32, BF16))
+    for tp, cp, dp, pp, m, s, d in itertools.product(
+        (1, 2), (2, 3, 4), (1, 2), (1, 2), (1, 3), CP_SCENARIOS, (F32, BF16)
+    )
     if tp * cp * dp * pp <= 16
 ]
 
@@ -60,7 +66,9 @@ GRID = [
     "layout, microbatches, scenario, dtype, seq_len", GRID, ids=[_case_id(*c, {}) for c in GRID]
 )
 def test_cp_parity_full_grid(layout, microbatches, scenario, dtype, seq_len):
-    check_parity(layout, config_for(dtype, **CLIPPED), scenario, microbatches, seed=microbatches, seq_len=seq_len)
+    check_parity(
+        layout, config_for(dtype, **CLIPPED), scenario, microbatches, seed=microbatches, seq_len=seq_len
+    )
 
 
 # --------------------------------------------------------------- bad input
@@ -145,7 +153,9 @@ def test_an_unsharded_odd_length_batch_is_refused_on_every_cp_rank():
 
 def _missing_dp_cp_body(ctx):
     groups = ParallelGroups(cp=ctx.groups.cp, dp=ctx.groups.dp)
-    with pytest.raises(ValueError, match=r"dp \(2 ranks\) and cp \(2 ranks\) are both present, so the dp_cp group"):
+    with pytest.raises(
+        ValueError, match=r"dp \(2 ranks\) and cp \(2 ranks\) are both present, so the dp_cp group"
+    ):
         CotrainWorker(config_for(), groups)
     wrong = ParallelGroups(cp=ctx.groups.cp, dp=ctx.groups.dp, dp_cp=ctx.groups.cp)
     with pytest.raises(ValueError, match=r"dp_cp group must have dp x cp = 2 x 2 = 4 ranks, got 2"):

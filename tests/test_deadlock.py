@@ -9,7 +9,8 @@ from __future__ import annotations
 import inspect
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def stack_under(message: str, rank: int) -> list[str]:
     lines = message.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"  rank {rank} ("))
     out = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("      "):
             break
         out.append(line.strip().rsplit("/", 1)[-1])
@@ -74,6 +75,7 @@ def at_site(text: str, fn: Callable[..., Any], needle: str) -> str:
 
 
 # --- the pipeline stage that skips a collective -------------------------------------
+
 
 def clip_grad_norm(grad: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     norm_sq = grad.pow(2).sum()
@@ -98,7 +100,9 @@ def test_pp_stage_skipping_a_collective() -> None:
         assert f"rank {rank} ({coords_text(PIPE, rank)})" in line
     # The report is a snapshot taken the moment the deadlock became certain:
     # the ranks it names as stuck are exact, the others may still be moving.
-    stuck = [int(r) for r in re.search(r"rank\(s\) \[([\d, ]+)\] wait on a peer", message).group(1).split(", ")]
+    stuck = [
+        int(r) for r in re.search(r"rank\(s\) \[([\d, ]+)\] wait on a peer", message).group(1).split(", ")
+    ]
     for rank in stuck:
         assert PIPE.coords(rank).pp == 1
         peer = PIPE.group_of("pp", rank)[0]
@@ -108,11 +112,13 @@ def test_pp_stage_skipping_a_collective() -> None:
         )
         # The user's frames, outermost first, and none of simdist's or torch's.
         assert stack_under(message, rank) == [
-            site(pp_skip_body, "only the last stage"), site(clip_grad_norm, "norm all_reduce"),
+            site(pp_skip_body, "only the last stage"),
+            site(clip_grad_norm, "norm all_reduce"),
         ]
 
 
 # --- point to point -----------------------------------------------------------------------
+
 
 def pp_send_body(ctx: simdist.RankContext) -> None:
     if ctx.rank == 3:
@@ -127,7 +133,9 @@ def test_send_without_recv_on_a_pp_group() -> None:
     )
     assert states[7].endswith(": finished")
     assert stack_under(message, 3) == [site(pp_send_body, "lonely send")]
-    assert re.search(at_site("rank 3: send to rank 7 (tag 0) on pp [3, 7]", pp_send_body, "lonely send"), message)
+    assert re.search(
+        at_site("rank 3: send to rank 7 (tag 0) on pp [3, 7]", pp_send_body, "lonely send"), message
+    )
 
 
 def microbatch_body(ctx: simdist.RankContext, sends: int, recvs: int) -> None:
@@ -190,10 +198,14 @@ def irecv_never_waited_body(ctx: simdist.RankContext) -> None:
 
 @pytest.mark.parametrize(
     "body, expected",
-    [(isend_never_waited_body, "rank 0: send to rank 1 (tag 0) on world [0, 1]"),
-     (irecv_never_waited_body, "rank 1: recv from rank 0 (tag 0) on world [0, 1]")],
+    [
+        (isend_never_waited_body, "rank 0: send to rank 1 (tag 0) on world [0, 1]"),
+        (irecv_never_waited_body, "rank 1: recv from rank 0 (tag 0) on world [0, 1]"),
+    ],
 )
-def test_async_p2p_never_matched_is_reported_when_ranks_return(body: Callable[..., Any], expected: str) -> None:
+def test_async_p2p_never_matched_is_reported_when_ranks_return(
+    body: Callable[..., Any], expected: str
+) -> None:
     message = deadlock_message(body, world_size=2)
     assert "every rank returned, but calls that were issued but never completed" in message
     assert re.search(at_site(expected, body, "never waited"), message)
@@ -217,7 +229,10 @@ def batch_both_send_body(ctx: simdist.RankContext) -> None:
 
 def batch_size_mismatch_body(ctx: simdist.RankContext) -> None:
     peer = 1 - ctx.rank
-    ops = [dist.P2POp(dist.isend, torch.ones(2 + ctx.rank), peer), dist.P2POp(dist.irecv, torch.zeros(2 + ctx.rank), peer)]
+    ops = [
+        dist.P2POp(dist.isend, torch.ones(2 + ctx.rank), peer),
+        dist.P2POp(dist.irecv, torch.zeros(2 + ctx.rank), peer),
+    ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
 
@@ -229,11 +244,14 @@ def test_batch_isend_irecv_with_no_receives_deadlocks() -> None:
 
 
 def test_batch_isend_irecv_size_mismatch() -> None:
-    with pytest.raises(simdist.CollectiveMismatchError, match=r"send/recv mismatch between rank \d and rank \d"):
+    with pytest.raises(
+        simdist.CollectiveMismatchError, match=r"send/recv mismatch between rank \d and rank \d"
+    ):
         simdist.run(batch_size_mismatch_body, world_size=2, timeout=TIMEOUT)
 
 
 # --- collectives on different groups ------------------------------------------------------
+
 
 def cycle_body(ctx: simdist.RankContext) -> None:
     t = torch.ones(1)
@@ -263,7 +281,10 @@ def test_cycle_across_groups_with_sequence_numbers() -> None:
     assert "waiting in all_reduce on world [0, 1, 2, 3] seq 0; still missing rank(s) [1" in states[0]
     assert "waiting in all_reduce on tp/mp [0, 1] seq 1; still missing rank(s) [0]" in states[1]
     for rank in (2, 3):
-        assert states[rank].endswith(": running") or "waiting in all_reduce on world [0, 1, 2, 3] seq 0" in states[rank]
+        assert (
+            states[rank].endswith(": running")
+            or "waiting in all_reduce on world [0, 1, 2, 3] seq 0" in states[rank]
+        )
 
 
 def early_return_while_others_work_body(ctx: simdist.RankContext, steps: int) -> int:
@@ -316,6 +337,7 @@ def test_a_body_that_swallows_the_deadlock_still_fails_the_run() -> None:
 
 # --- no false positives -------------------------------------------------------------------
 
+
 def slow_rank_body(ctx: simdist.RankContext) -> float:
     t = torch.ones(1) * (ctx.rank + 1)
     if ctx.rank == 1:
@@ -337,8 +359,10 @@ def late_sender_body(ctx: simdist.RankContext) -> float:
 def async_ring_body(ctx: simdist.RankContext) -> float:
     n = ctx.world_size
     got = torch.zeros(1)
-    reqs = [dist.isend(torch.full((1,), float(ctx.rank)), dst=(ctx.rank + 1) % n),
-            dist.irecv(got, src=(ctx.rank - 1) % n)]
+    reqs = [
+        dist.isend(torch.full((1,), float(ctx.rank)), dst=(ctx.rank + 1) % n),
+        dist.irecv(got, src=(ctx.rank - 1) % n),
+    ]
     pending = dist.all_reduce(torch.ones(1), async_op=True)
     for req in reqs:
         req.wait()
@@ -361,4 +385,9 @@ def test_slow_programs_are_not_deadlocks() -> None:
     assert simdist.run(slow_rank_body, world_size=3, timeout=TIMEOUT) == [6.0, 6.0, 6.0]
     assert simdist.run(late_sender_body, world_size=2, timeout=TIMEOUT) == [0.0, 7.0]
     assert simdist.run(async_ring_body, world_size=4, timeout=TIMEOUT) == [3.0, 0.0, 1.0, 2.0]
-    assert simdist.run(unneeded_rank_returns_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT) == [0.0, 2.0, 0.0, 2.0]
+    assert simdist.run(unneeded_rank_returns_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT) == [
+        0.0,
+        2.0,
+        0.0,
+        2.0,
+    ]

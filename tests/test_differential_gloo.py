@@ -16,13 +16,12 @@ import functools
 from typing import Any
 
 import pytest
+import spmd_programs
 import torch
 
 import simdist
 from simdist import Layout
 from simdist.launch import run_processes
-
-import spmd_programs
 
 pytestmark = pytest.mark.gloo
 
@@ -42,7 +41,7 @@ CASES: dict[str, dict[str, Any]] = {
 PROGRAM_NAMES = list(spmd_programs.PROGRAMS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gloo_results(case: str) -> list[dict[str, Any]]:
     return run_processes(
         spmd_programs.run_programs, args=(PROGRAM_NAMES, SEED), timeout=TIMEOUT_S, **CASES[case]
@@ -88,7 +87,9 @@ def differences(expected: Any, actual: Any, path: str) -> list[str]:
     if isinstance(expected, (list, tuple)):
         if type(expected) is not type(actual) or len(expected) != len(actual):
             return [f"{path}: gloo {expected!r} != simdist {actual!r}"]
-        return [d for i, (e, a) in enumerate(zip(expected, actual)) for d in differences(e, a, f"{path}[{i}]")]
+        return [
+            d for i, (e, a) in enumerate(zip(expected, actual)) for d in differences(e, a, f"{path}[{i}]")
+        ]
     if expected != actual:
         return [f"{path}: gloo {expected!r} != simdist {actual!r}"]
     return []

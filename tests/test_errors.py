@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -45,10 +46,17 @@ def sum_ranks(ctx: simdist.RankContext) -> float:
     return t.item()
 
 
-def run_expecting_rank_error(body: Callable[..., Any], raised: dict[int, BaseException], **run_kwargs: Any) -> simdist.RankError:
+def run_expecting_rank_error(
+    body: Callable[..., Any], raised: dict[int, BaseException], **run_kwargs: Any
+) -> simdist.RankError:
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(body, timeout=TIMEOUT, kwargs={"raised": raised}, share_args=True,  # ranks fill it in
-                    **run_kwargs)
+        simdist.run(
+            body,
+            timeout=TIMEOUT,
+            kwargs={"raised": raised},
+            share_args=True,  # ranks fill it in
+            **run_kwargs,
+        )
     err = info.value
     assert isinstance(err, simdist.SimulationError)
     return err
@@ -104,12 +112,20 @@ def world_size_of(run_kwargs: dict[str, Any]) -> int:
 @pytest.mark.parametrize("run_kwargs", WORLDS)
 @pytest.mark.parametrize("where", [fails_before, fails_between], ids=["before", "between"])
 @pytest.mark.parametrize("position", ["first", "last"])
-def test_failure_while_peers_wait(clean_world: None, where: Callable[..., Any], position: str, run_kwargs: dict[str, Any]) -> None:
+def test_failure_while_peers_wait(
+    clean_world: None, where: Callable[..., Any], position: str, run_kwargs: dict[str, Any]
+) -> None:
     n = world_size_of(run_kwargs)
     culprit = 0 if position == "first" else n - 1
     raised: dict[int, BaseException] = {}
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(where, timeout=TIMEOUT, kwargs={"raised": raised, "culprit": culprit}, share_args=True, **run_kwargs)
+        simdist.run(
+            where,
+            timeout=TIMEOUT,
+            kwargs={"raised": raised, "culprit": culprit},
+            share_args=True,
+            **run_kwargs,
+        )
     err = info.value
     assert err.__cause__ is raised[culprit]
     assert set(err.failures) == {culprit}
@@ -121,11 +137,19 @@ def test_failure_while_peers_wait(clean_world: None, where: Callable[..., Any], 
 
 
 @pytest.mark.parametrize("run_kwargs", WORLDS)
-def test_failure_after_collectives_has_no_released_peers(clean_world: None, run_kwargs: dict[str, Any]) -> None:
+def test_failure_after_collectives_has_no_released_peers(
+    clean_world: None, run_kwargs: dict[str, Any]
+) -> None:
     n = world_size_of(run_kwargs)
     raised: dict[int, BaseException] = {}
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(fails_after, timeout=TIMEOUT, kwargs={"raised": raised, "culprit": n - 1}, share_args=True, **run_kwargs)
+        simdist.run(
+            fails_after,
+            timeout=TIMEOUT,
+            kwargs={"raised": raised, "culprit": n - 1},
+            share_args=True,
+            **run_kwargs,
+        )
     err = info.value
     assert err.__cause__ is raised[n - 1]
     assert set(err.failures) == {n - 1}
@@ -171,8 +195,13 @@ def fails_before_send(ctx: simdist.RankContext, raised: dict[int, BaseException]
 def test_failure_releases_a_peer_waiting_to_receive(clean_world: None, asynchronous: bool) -> None:
     raised: dict[int, BaseException] = {}
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(fails_before_send, world_size=2, timeout=TIMEOUT, kwargs={"raised": raised, "asynchronous": asynchronous},
-                    share_args=True)
+        simdist.run(
+            fails_before_send,
+            world_size=2,
+            timeout=TIMEOUT,
+            kwargs={"raised": raised, "asynchronous": asynchronous},
+            share_args=True,
+        )
     err = info.value
     assert err.__cause__ is raised[1]
     assert set(err.failures) == {1}
@@ -276,4 +305,3 @@ def test_an_invalid_call_made_by_every_rank_fails_every_rank(clean_world: None) 
     assert tuple(err.released) == ()
     for exc in err.failures.values():
         assert "BAND" in str(exc)
-

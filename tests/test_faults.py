@@ -75,6 +75,7 @@ def label(layout: Layout, axis: str, rank: int) -> str:
 
 # --- crash ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("axis", AXES)
 def test_crash_on_each_axis_by_coordinates(axis: str) -> None:
     plan = FaultPlan.crash(rank=VICTIM_COORDS, op="all_reduce", group=axis, nth=2)
@@ -106,14 +107,18 @@ def test_nth_counts_every_matching_call_of_the_rank() -> None:
 
 @pytest.mark.parametrize(
     "plan",
-    [FaultPlan.crash(rank=VICTIM, op="broadcast"),  # the body never broadcasts
-     FaultPlan.crash(rank=VICTIM, group="tp", nth=3),  # only two tp calls
-     FaultPlan.crash(rank=VICTIM, group="dp", seq=5)],
+    [
+        FaultPlan.crash(rank=VICTIM, op="broadcast"),  # the body never broadcasts
+        FaultPlan.crash(rank=VICTIM, group="tp", nth=3),  # only two tp calls
+        FaultPlan.crash(rank=VICTIM, group="dp", seq=5),
+    ],
     ids=["other-op", "nth-beyond-calls", "seq-beyond-calls"],
 )
 def test_faults_that_match_no_call_change_nothing(plan: FaultPlan) -> None:
     clean = simdist.run(axes_body, layout=FULL, timeout=TIMEOUT, args=(2,))
-    assert results_bitwise_equal(simdist.run(axes_body, layout=FULL, faults=plan, timeout=TIMEOUT, args=(2,)), clean)
+    assert results_bitwise_equal(
+        simdist.run(axes_body, layout=FULL, faults=plan, timeout=TIMEOUT, args=(2,)), clean
+    )
     for rank, out in enumerate(clean):
         for rnd in range(2):
             for axis in AXES:
@@ -138,6 +143,7 @@ def test_crash_on_a_recv() -> None:
 
 # --- timeout -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("axis", AXES)
 def test_timeout_fails_every_member_of_the_group(axis: str) -> None:
     plan = FaultPlan.timeout(rank=VICTIM_COORDS, op="all_reduce", group=axis, nth=2)
@@ -161,6 +167,7 @@ def test_timeout_on_a_send_fails_the_sender_with_a_backend_error() -> None:
 
 
 # --- abort -------------------------------------------------------------------------------
+
 
 def abort_tolerant_body(ctx: simdist.RankContext, rounds: int) -> dict[str, Any]:
     """Like ``axes_body`` but records a backend error instead of dying on it."""
@@ -228,8 +235,12 @@ def test_abort_fails_a_pending_call_and_later_calls(tmp_path: Path) -> None:
     victim, peer = 1, 3  # the dp group [1, 3]
     trace = tmp_path / "abort.json"
     results = simdist.run(
-        abort_pending_body, layout=layout, faults=FaultPlan.abort(rank=victim, group="dp", nth=1),
-        timeout=TIMEOUT, args=(victim, peer), trace=str(trace),
+        abort_pending_body,
+        layout=layout,
+        faults=FaultPlan.abort(rank=victim, group="dp", nth=1),
+        timeout=TIMEOUT,
+        args=(victim, peer),
+        trace=str(trace),
     )
     for rank in (victim, peer):
         assert "was aborted" in results[rank]["first"] and "dp/dp_cp [1, 3]" in results[rank]["first"]
@@ -239,8 +250,14 @@ def test_abort_fails_a_pending_call_and_later_calls(tmp_path: Path) -> None:
     assert [r["tp"] for r in results] == [2.0] * 4
     # The peer's pending call is recorded as failed, not left "started".
     slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
-    peer_dp = [e for e in slices if e["tid"] == peer and e["name"] == "all_reduce" and e["args"]["seq"] == 0
-               and e["cat"].startswith("dp")]
+    peer_dp = [
+        e
+        for e in slices
+        if e["tid"] == peer
+        and e["name"] == "all_reduce"
+        and e["args"]["seq"] == 0
+        and e["cat"].startswith("dp")
+    ]
     assert [e["args"]["state"] for e in peer_dp] == ["failed"]
 
 
@@ -257,12 +274,16 @@ def abort_race_body(ctx: simdist.RankContext) -> str:
 def test_abort_reaches_a_member_already_inside_its_call() -> None:
     # Rank 0 passes the aborted-group check, then is held by a delay; rank 1
     # aborts the group meanwhile. Rank 0's call must still fail with the abort.
-    plan = (FaultPlan.delay(rank=1, seconds=0.3, nth=2) + FaultPlan.abort(rank=1, nth=2)
-            + FaultPlan.delay(rank=0, seconds=1.0, nth=2))
+    plan = (
+        FaultPlan.delay(rank=1, seconds=0.3, nth=2)
+        + FaultPlan.abort(rank=1, nth=2)
+        + FaultPlan.delay(rank=0, seconds=1.0, nth=2)
+    )
     assert simdist.run(abort_race_body, world_size=2, faults=plan, timeout=TIMEOUT) == ["aborted", "aborted"]
 
 
 # --- corrupt -----------------------------------------------------------------------------
+
 
 def flip_expected(value: float | int, dtype: torch.dtype) -> float | int:
     """The documented bit flip, done with numpy: the top exponent bit of a float,
@@ -283,8 +304,12 @@ def flip_expected(value: float | int, dtype: torch.dtype) -> float | int:
 
 
 def corrupt_expected(x0: float, mode: str) -> float:
-    return {"nan": float("nan"), "inf": float("inf"), "sign": -x0,
-            "bitflip": flip_expected(x0, torch.float32)}[mode]
+    return {
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "sign": -x0,
+        "bitflip": flip_expected(x0, torch.float32),
+    }[mode]
 
 
 def check_corrupted_run(layout: Layout, axis: str, mode: str) -> None:
@@ -326,12 +351,23 @@ def bitflip_body(ctx: simdist.RankContext, dtype: torch.dtype, value: float) -> 
 
 @pytest.mark.parametrize(
     "dtype, value",
-    [(torch.float32, 0.75), (torch.float64, 0.75), (torch.float16, 0.75), (torch.bfloat16, 0.75),
-     (torch.int32, 6), (torch.int64, 6)],
+    [
+        (torch.float32, 0.75),
+        (torch.float64, 0.75),
+        (torch.float16, 0.75),
+        (torch.bfloat16, 0.75),
+        (torch.int32, 6),
+        (torch.int64, 6),
+    ],
 )
 def test_bitflip_per_dtype(dtype: torch.dtype, value: float) -> None:
-    results = simdist.run(bitflip_body, world_size=2, faults=FaultPlan.corrupt(rank=1, mode="bitflip"),
-                          timeout=TIMEOUT, args=(dtype, value))
+    results = simdist.run(
+        bitflip_body,
+        world_size=2,
+        faults=FaultPlan.corrupt(rank=1, mode="bitflip"),
+        timeout=TIMEOUT,
+        args=(dtype, value),
+    )
     want = torch.tensor([flip_expected(value, dtype), 5], dtype=dtype)
     assert flip_expected(value, dtype) != value
     for got in results:
@@ -340,13 +376,19 @@ def test_bitflip_per_dtype(dtype: torch.dtype, value: float) -> None:
 
 def test_corrupt_nan_on_an_integer_tensor_is_refused_clearly() -> None:
     with pytest.raises(simdist.RankError, match="needs a floating tensor"):
-        simdist.run(bitflip_body, world_size=2, faults=FaultPlan.corrupt(rank=1, mode="nan"),
-                    timeout=TIMEOUT, args=(torch.int32, 6))
+        simdist.run(
+            bitflip_body,
+            world_size=2,
+            faults=FaultPlan.corrupt(rank=1, mode="nan"),
+            timeout=TIMEOUT,
+            args=(torch.int32, 6),
+        )
 
 
 def test_corrupt_a_send_reaches_the_receiver_only() -> None:
-    results = simdist.run(p2p_body, world_size=2, faults=FaultPlan.corrupt(rank=0, mode="sign", op="send"),
-                          timeout=TIMEOUT)
+    results = simdist.run(
+        p2p_body, world_size=2, faults=FaultPlan.corrupt(rank=0, mode="sign", op="send"), timeout=TIMEOUT
+    )
     assert results == [[1.5, 1.5], [-1.5, 1.5]]
 
 
@@ -357,8 +399,13 @@ def test_coordinates_can_select_several_ranks() -> None:
     results = simdist.run(axes_body, layout=layout, faults=plan, timeout=TIMEOUT, args=(1,))
     for rank, out in enumerate(results):
         members = layout.group_of("tp", rank)
-        want = [sum((-1 if layout.coords(m).dp == 1 and i == 0 else 1) * contribution(m, 0, "tp")[i] for m in members)
-                for i in range(3)]
+        want = [
+            sum(
+                (-1 if layout.coords(m).dp == 1 and i == 0 else 1) * contribution(m, 0, "tp")[i]
+                for m in members
+            )
+            for i in range(3)
+        ]
         assert out["0/tp"].tolist() == want
 
 
@@ -380,30 +427,44 @@ def composite_body(ctx: simdist.RankContext, axis: str) -> None:
 
 @pytest.mark.parametrize(
     "layout, axis, group_text",
-    [(Layout(cp=2, dp=2), "dp_cp", "dp_cp [0, 1, 2, 3]"),
-     (Layout(tp=2, dp=2), "dp_cp", "dp/dp_cp [1, 3]"),  # cp=1: the dp group is also dp_cp
-     (Layout(tp=2, dp=2), "world", "world [0, 1, 2, 3]")],
+    [
+        (Layout(cp=2, dp=2), "dp_cp", "dp_cp [0, 1, 2, 3]"),
+        (Layout(tp=2, dp=2), "dp_cp", "dp/dp_cp [1, 3]"),  # cp=1: the dp group is also dp_cp
+        (Layout(tp=2, dp=2), "world", "world [0, 1, 2, 3]"),
+    ],
 )
 def test_fault_group_may_name_a_composite_axis(layout: Layout, axis: str, group_text: str) -> None:
     victim = layout.world_size - 1
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(composite_body, layout=layout, faults=FaultPlan.crash(rank=victim, group=axis),
-                    timeout=TIMEOUT, args=(axis,))
+        simdist.run(
+            composite_body,
+            layout=layout,
+            faults=FaultPlan.crash(rank=victim, group=axis),
+            timeout=TIMEOUT,
+            args=(axis,),
+        )
     assert sorted(info.value.failures) == [victim]
     assert f"all_reduce on {group_text} seq 0" in str(info.value.__cause__)
 
 
 # --- delay ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("axis", AXES)
 def test_delay_on_each_axis_changes_no_result(axis: str) -> None:
     clean = simdist.run(axes_body, layout=FULL, timeout=TIMEOUT, args=(2,))
-    delayed = simdist.run(axes_body, layout=FULL, timeout=TIMEOUT, args=(2,),
-                          faults=FaultPlan.delay(rank=VICTIM_COORDS, seconds=0.05, group=axis, nth=1))
+    delayed = simdist.run(
+        axes_body,
+        layout=FULL,
+        timeout=TIMEOUT,
+        args=(2,),
+        faults=FaultPlan.delay(rank=VICTIM_COORDS, seconds=0.05, group=axis, nth=1),
+    )
     assert results_bitwise_equal(delayed, clean)
 
 
 # --- plans -----------------------------------------------------------------------------
+
 
 def test_plans_add_up_and_every_fault_fires() -> None:
     a = FaultPlan.corrupt(rank=0, mode="sign", group="tp", nth=1)
@@ -442,9 +503,11 @@ def test_coordinates_in_a_flat_world_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "plan, world",
-    [(FaultPlan.crash(rank=5), {"world_size": 2}),
-     (FaultPlan.crash(rank={"dp": 3}), {"layout": Layout(dp=2)}),
-     (FaultPlan.crash(rank=0, group="tp"), {"world_size": 2})],
+    [
+        (FaultPlan.crash(rank=5), {"world_size": 2}),
+        (FaultPlan.crash(rank={"dp": 3}), {"layout": Layout(dp=2)}),
+        (FaultPlan.crash(rank=0, group="tp"), {"world_size": 2}),
+    ],
     ids=["rank", "coordinate", "axis"],
 )
 def test_faults_outside_the_world_are_refused(plan: FaultPlan, world: dict[str, Any]) -> None:
@@ -472,7 +535,9 @@ def test_random_plan_runs_reproduce_bitwise() -> None:
     assert any(f.kind == "corrupt" for f in plan.faults)
     clean = simdist.run(axes_body, layout=layout, timeout=TIMEOUT, args=(3,))
     assert not results_bitwise_equal(first, clean), "the drawn corruption must have fired"
-    crash = FaultPlan.random(5, layout, count=1, kinds=("crash",))  # one: which of two crashes first is a race
+    crash = FaultPlan.random(
+        5, layout, count=1, kinds=("crash",)
+    )  # one: which of two crashes first is a race
     errors = []
     for _ in range(2):
         with pytest.raises(simdist.RankError) as info:
@@ -482,6 +547,7 @@ def test_random_plan_runs_reproduce_bitwise() -> None:
 
 
 # --- retry -----------------------------------------------------------------------------
+
 
 def train_step_body(ctx: simdist.RankContext) -> dict[str, Any]:
     """One data-parallel SGD step of a linear model; the grad all_reduce's order
@@ -502,8 +568,9 @@ def train_step_body(ctx: simdist.RankContext) -> dict[str, Any]:
 def test_retry_after_abort_equals_a_clean_run_bitwise() -> None:
     kwargs = dict(layout=Layout(dp=4), reduction="shuffled", seed=7, timeout=TIMEOUT)
     clean = simdist.run(train_step_body, **kwargs)
-    outcome = simdist.run_with_retry(train_step_body, faults=FaultPlan.abort(rank=2, group="dp", nth=1),
-                                     retries=1, **kwargs)
+    outcome = simdist.run_with_retry(
+        train_step_body, faults=FaultPlan.abort(rank=2, group="dp", nth=1), retries=1, **kwargs
+    )
     assert outcome.attempts == 2
     assert len(outcome.errors) == 1 and isinstance(outcome.errors[0], simdist.RankError)
     assert isinstance(outcome.errors[0].__cause__, BackendError)
@@ -521,17 +588,25 @@ def test_retry_without_failure_runs_once() -> None:
 
 def test_retry_raises_the_last_error_when_every_attempt_fails() -> None:
     with pytest.raises(simdist.RankError) as info:
-        simdist.run_with_retry(train_step_body, layout=Layout(dp=2), timeout=TIMEOUT, retries=2,
-                               faults=FaultPlan.crash(rank=0), retry_faults=FaultPlan.crash(rank=1))
+        simdist.run_with_retry(
+            train_step_body,
+            layout=Layout(dp=2),
+            timeout=TIMEOUT,
+            retries=2,
+            faults=FaultPlan.crash(rank=0),
+            retry_faults=FaultPlan.crash(rank=1),
+        )
     assert sorted(info.value.failures) == [1]
     with pytest.raises(simdist.RankError):
-        simdist.run_with_retry(train_step_body, layout=Layout(dp=2), timeout=TIMEOUT, retries=0,
-                               faults=FaultPlan.crash(rank=0))
+        simdist.run_with_retry(
+            train_step_body, layout=Layout(dp=2), timeout=TIMEOUT, retries=0, faults=FaultPlan.crash(rank=0)
+        )
     with pytest.raises(ValueError, match="retries"):
         simdist.run_with_retry(train_step_body, layout=Layout(dp=2), retries=-1)
 
 
 # --- who failed on its own ---------------------------------------------------------------
+
 
 def crash_after_peer_failed_body(ctx: simdist.RankContext, signal: Any) -> None:
     if ctx.rank == 0:
@@ -545,8 +620,14 @@ def crash_after_peer_failed_body(ctx: simdist.RankContext, signal: Any) -> None:
 def test_an_injected_crash_after_a_peer_failed_is_still_a_failure() -> None:
     # Rank 1 never waited on anything: its own injected crash is a failure, not a release.
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(crash_after_peer_failed_body, world_size=2, faults=FaultPlan.crash(rank=1),
-                    timeout=TIMEOUT, args=(threading.Event(),), share_args=True)
+        simdist.run(
+            crash_after_peer_failed_body,
+            world_size=2,
+            faults=FaultPlan.crash(rank=1),
+            timeout=TIMEOUT,
+            args=(threading.Event(),),
+            share_args=True,
+        )
     assert sorted(info.value.failures) == [0, 1]
     assert isinstance(info.value.failures[1], simdist.InjectedFault)
     assert info.value.released == ()

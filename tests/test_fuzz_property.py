@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simdist import fuzz
 from simdist.fuzz import CaseFileError, read_case, replay_case, write_case
@@ -55,7 +56,12 @@ def test_cover_outside_a_test_does_nothing():
 def test_case_files_round_trip_and_bad_files_are_named(tmp_path):
     path = write_case(tmp_path, "tests/x.py::test_p", {"a": [1, 2]}, "AssertionError", "bad", {"seed": 1})
     case = read_case(path)
-    assert (case.target, case.case, case.error["type"], case.found["seed"]) == ("tests/x.py::test_p", {"a": [1, 2]}, "AssertionError", 1)
+    assert (case.target, case.case, case.error["type"], case.found["seed"]) == (
+        "tests/x.py::test_p",
+        {"a": [1, 2]},
+        "AssertionError",
+        1,
+    )
     # The same property and case always get the same file name.
     assert write_case(tmp_path, "tests/x.py::test_p", {"a": [1, 2]}, "E", "", {}) == path
     wrong = tmp_path / "wrong.json"

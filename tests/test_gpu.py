@@ -12,16 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import spmd_programs
 import torch
 import torch.distributed as dist
+from soft_ce_reference import reference_stats
+from test_differential_gloo import PROGRAM_NAMES, SEED, differences
 
 import simdist
-import spmd_programs
 from draft_loss import soft_cross_entropy
 from simdist import Layout
 from simdist.launch import run_processes
-from soft_ce_reference import reference_stats
-from test_differential_gloo import PROGRAM_NAMES, SEED, differences
 
 TIMEOUT_S = 180.0
 # NCCL has no bitwise reductions (BAND/BOR/BXOR), which all_reduce_int covers.
@@ -44,8 +44,9 @@ def _cpu(obj: Any) -> Any:
     return obj
 
 
-def _assert_same(expected: list[dict[str, Any]], actual: list[dict[str, Any]], what: str,
-                 names: list[str] = PROGRAM_NAMES) -> None:
+def _assert_same(
+    expected: list[dict[str, Any]], actual: list[dict[str, Any]], what: str, names: list[str] = PROGRAM_NAMES
+) -> None:
     found = [
         d
         for rank in range(len(expected))
@@ -58,10 +59,15 @@ def _assert_same(expected: list[dict[str, Any]], actual: list[dict[str, Any]], w
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", [Layout(tp=2, dp=2), Layout(tp=2, pp=2), Layout(pp=3)], ids=str)
 def test_simdist_on_cuda_matches_simdist_on_cpu(layout: Layout) -> None:
-    run = lambda device: _cpu(simdist.run(  # noqa: E731
-        spmd_programs.run_programs, layout=layout, device=device,
-        args=(PROGRAM_NAMES, SEED), timeout=TIMEOUT_S,
-    ))
+    run = lambda device: _cpu(
+        simdist.run(
+            spmd_programs.run_programs,
+            layout=layout,
+            device=device,
+            args=(PROGRAM_NAMES, SEED),
+            timeout=TIMEOUT_S,
+        )
+    )
     _assert_same(run("cpu"), run("cuda"), f"{layout}: cpu vs cuda")
 
 
@@ -72,16 +78,28 @@ def test_nccl_world_matches_simdist() -> None:
         pytest.skip(f"an NCCL world needs at least 2 GPUs, this node has {size}")
     layout = Layout(tp=2, dp=size // 2)
     nccl = run_processes(
-        spmd_programs.run_programs, layout=layout, backend="nccl", device="cuda",
-        args=(NCCL_PROGRAMS, SEED), timeout=TIMEOUT_S,
+        spmd_programs.run_programs,
+        layout=layout,
+        backend="nccl",
+        device="cuda",
+        args=(NCCL_PROGRAMS, SEED),
+        timeout=TIMEOUT_S,
     )
-    sim = _cpu(simdist.run(spmd_programs.run_programs, layout=layout, device="cuda",
-                           args=(NCCL_PROGRAMS, SEED), timeout=TIMEOUT_S))
+    sim = _cpu(
+        simdist.run(
+            spmd_programs.run_programs,
+            layout=layout,
+            device="cuda",
+            args=(NCCL_PROGRAMS, SEED),
+            timeout=TIMEOUT_S,
+        )
+    )
     _assert_same(nccl, sim, f"{layout}: nccl vs simdist", NCCL_PROGRAMS)
 
 
-def _soft_ce_rank(ctx: simdist.RankContext, student: torch.Tensor, teacher: torch.Tensor,
-                  mask: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _soft_ce_rank(
+    ctx: simdist.RankContext, student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     tp, size = ctx.coords.tp, ctx.layout.tp  # type: ignore[union-attr]
     shard = student.shape[-1] // size
     local = slice(tp * shard, (tp + 1) * shard)
@@ -99,14 +117,21 @@ def test_soft_cross_entropy_under_tp(chunk: int, device: str) -> None:
     student = torch.randn(2, 6, 32, generator=g, dtype=torch.float32)
     teacher = torch.randn(2, 6, 32, generator=g, dtype=torch.float32)
     mask = (torch.rand(2, 6, generator=g) > 0.3).to(torch.float32)
-    results = simdist.run(_soft_ce_rank, layout=Layout(tp=2), device=device,
-                          args=(student, teacher, mask, chunk), timeout=TIMEOUT_S)
+    results = simdist.run(
+        _soft_ce_rank,
+        layout=Layout(tp=2),
+        device=device,
+        args=(student, teacher, mask, chunk),
+        timeout=TIMEOUT_S,
+    )
     s64 = student.double().requires_grad_(True)
     expected = reference_stats(s64, teacher.double(), mask.double()).numerators
     expected.sum().backward()
     for tp, (numerators, grad) in enumerate(results):
         torch.testing.assert_close(numerators.double(), expected.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(grad.double(), s64.grad[..., tp * 16:(tp + 1) * 16], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            grad.double(), s64.grad[..., tp * 16 : (tp + 1) * 16], rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)

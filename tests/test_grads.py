@@ -74,10 +74,9 @@ def test_accumulate_adds_bf16_grads_in_fp32_and_clears_grad():
         p.grad = torch.tensor(values, dtype=torch.bfloat16)
         accumulate_main_grads([p])
         assert p.grad is None
-    expected = (
-        np.array([1.0, 2.0, 1 / 3], dtype=np.float32).astype(np.float64)
-        + np.array([256.0, 0.5, 1 / 3], dtype=np.float32).astype(np.float64)
-    )
+    expected = np.array([1.0, 2.0, 1 / 3], dtype=np.float32).astype(np.float64) + np.array(
+        [256.0, 0.5, 1 / 3], dtype=np.float32
+    ).astype(np.float64)
     assert p.main_grad.dtype == torch.float32
     # bf16 rounds 1/3 to 0.333984375 before it is added.
     np.testing.assert_allclose(p.main_grad.numpy(), [257.0, 2.5, 2 * 0.333984375], rtol=1e-7)
@@ -104,8 +103,12 @@ def test_scale_by_zero_count_gives_zero_but_keeps_non_finite_visible():
 
 @pytest.mark.parametrize(
     "count, error, match",
-    [(-1.0, ValueError, ">= 0"), (float("inf"), ValueError, "finite"), (torch.ones(2), ValueError, "scalar"),
-     ("3", TypeError, "number")],
+    [
+        (-1.0, ValueError, ">= 0"),
+        (float("inf"), ValueError, "finite"),
+        (torch.ones(2), ValueError, "scalar"),
+        ("3", TypeError, "number"),
+    ],
 )
 def test_scale_rejects_bad_counts(count, error, match):
     with pytest.raises(error, match=match):
@@ -124,7 +127,10 @@ def test_scale_without_main_grad_raises():
 def test_clip_by_group_norms_matches_numpy():
     policy = tagged([3.0, 4.0], "policy")
     draft = tagged([0.3, 0.4], "draft")
-    norms = {"policy": torch.tensor(5.0, dtype=torch.float64), "draft": torch.tensor(0.5, dtype=torch.float64)}
+    norms = {
+        "policy": torch.tensor(5.0, dtype=torch.float64),
+        "draft": torch.tensor(0.5, dtype=torch.float64),
+    }
     coefficients = clip_by_group_norms([policy, draft], norms, {"policy": 1.0, "draft": 1.0}, eps=0.0)
     assert coefficients == {"policy": pytest.approx(0.2), "draft": 1.0}
     np.testing.assert_allclose(policy.main_grad.numpy(), [0.6, 0.8], rtol=1e-6)
@@ -140,10 +146,14 @@ def test_clip_leaves_non_finite_groups_untouched():
     assert float(policy.main_grad[1]) == 1.0
 
 
-@pytest.mark.parametrize("max_norms, match", [({"policy": 0.0}, "must be > 0"), ({"teacher": 1.0}, "unknown group")])
+@pytest.mark.parametrize(
+    "max_norms, match", [({"policy": 0.0}, "must be > 0"), ({"teacher": 1.0}, "unknown group")]
+)
 def test_clip_rejects_bad_max_norms(max_norms, match):
     with pytest.raises(ValueError, match=match):
-        clip_by_group_norms([tagged([1.0])], {"policy": torch.tensor(1.0), "draft": torch.tensor(0.0)}, max_norms)
+        clip_by_group_norms(
+            [tagged([1.0])], {"policy": torch.tensor(1.0), "draft": torch.tensor(0.0)}, max_norms
+        )
 
 
 # ---------------------------------------------------------------- grad norms
@@ -174,7 +184,9 @@ def _expected_norms(stages) -> dict[str, float]:
     squares = {"policy": 0.0, "draft": 0.0}
     for stage in stages:
         for group, _, full in FULL[stage]:
-            squares[group] += float(np.sum(full.astype(np.float32).astype(np.float64) ** 2))  # main grads are fp32
+            squares[group] += float(
+                np.sum(full.astype(np.float32).astype(np.float64) ** 2)
+            )  # main grads are fp32
     return {g: math.sqrt(s) for g, s in squares.items()}
 
 

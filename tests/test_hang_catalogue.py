@@ -56,10 +56,17 @@ def assert_next_run_works() -> None:
 
 def test_catalogue_covers_the_issue_list() -> None:
     expected = {
-        "pp_stage_skips_collective", "send_without_recv", "recv_without_send",
-        "rank_returns_early_in_dp_all_reduce", "collectives_in_different_order",
-        "shape_mismatch", "dtype_mismatch", "op_mismatch", "reduce_op_mismatch",
-        "crash_in_autograd_backward", "rank_stuck_in_compute",
+        "pp_stage_skips_collective",
+        "send_without_recv",
+        "recv_without_send",
+        "rank_returns_early_in_dp_all_reduce",
+        "collectives_in_different_order",
+        "shape_mismatch",
+        "dtype_mismatch",
+        "op_mismatch",
+        "reduce_op_mismatch",
+        "crash_in_autograd_backward",
+        "rank_stuck_in_compute",
     }
     assert expected <= set(catalogue.BY_NAME)
     assert len(catalogue.BY_NAME) == len(catalogue.SCENARIOS), "scenario names must be unique"

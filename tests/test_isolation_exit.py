@@ -36,14 +36,19 @@ _PROGRAM = textwrap.dedent("""
 
 def _run(how: str) -> subprocess.CompletedProcess[str]:
     # The subprocess timeout only guards this test run from the hang under test.
-    return subprocess.run([sys.executable, "-c", _PROGRAM.replace("HOW", repr(how))], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", _PROGRAM.replace("HOW", repr(how))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_failing_rank_with_a_stuck_helper_reports_its_own_error_and_the_process_exits() -> None:
     proc = _run("raises")
     assert proc.returncode == 0, proc.stderr
-    assert "raised RankError ValueError(\"the rank's own failure\")" in proc.stdout, proc.stdout
+    assert 'raised RankError ValueError("the rank\'s own failure")' in proc.stdout, proc.stdout
     # The helper it could not stop is named on the rank's failure, not lost.
     assert "could not be stopped" in proc.stdout and "stuck-helper" in proc.stdout
     assert "run returned; exiting" in proc.stdout

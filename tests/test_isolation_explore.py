@@ -28,14 +28,16 @@ def test_a_race_on_a_shared_attribute_is_found_and_replays() -> None:
     assert found.outcome != [2, 2, 2] and len(set(found.outcome)) == 1
     assert 100 <= found.schedule_seed < 110
     assert f"schedule_seed={found.schedule_seed}" in str(found)
-    replay = simdist.run(last_writer_body, world_size=3, schedule="random",
-                         schedule_seed=found.schedule_seed, timeout=TIMEOUT)
+    replay = simdist.run(
+        last_writer_body, world_size=3, schedule="random", schedule_seed=found.schedule_seed, timeout=TIMEOUT
+    )
     assert replay == found.outcome
 
 
 def test_rank_local_state_makes_every_schedule_agree() -> None:
-    found = simdist.explore(last_writer_body, world_size=3, schedules=6,
-                            rank_local=[(Box, "value")], timeout=TIMEOUT)
+    found = simdist.explore(
+        last_writer_body, world_size=3, schedules=6, rank_local=[(Box, "value")], timeout=TIMEOUT
+    )
     assert not found.found and found.schedules == 6
     assert found.baseline == [0, 1, 2]
     assert "no difference from rank order in 6 random schedule(s)" == str(found)

@@ -28,8 +28,12 @@ def identity_body(ctx: simdist.RankContext) -> dict[str, Any]:
     main_world = dist.group.WORLD
 
     def look(where: str) -> None:
-        seen[where] = (dist.is_initialized(), dist.get_rank(), dist.get_world_size(),
-                       dist.group.WORLD is main_world)
+        seen[where] = (
+            dist.is_initialized(),
+            dist.get_rank(),
+            dist.get_world_size(),
+            dist.group.WORLD is main_world,
+        )
 
     thread = threading.Thread(target=look, args=("thread",))
     thread.start()
@@ -63,6 +67,7 @@ def crossing_body(ctx: simdist.RankContext) -> list[float]:
     pair = dist.new_group([0, 1])
     got: list[float] = []
     if ctx.rank == 0:
+
         def helper() -> None:
             time.sleep(0.1)  # the main thread is waiting by now
             t = torch.tensor([10.0])
@@ -88,6 +93,7 @@ def test_a_helpers_collective_while_the_main_thread_waits_is_no_deadlock(schedul
 def helper_waits_on_a_finished_peer_body(ctx: simdist.RankContext) -> int:
     pair = dist.new_group([0, 1])
     if ctx.rank == 0:
+
         def helper() -> None:
             dist.all_reduce(torch.ones(1), group=pair)  # rank 1 never joins
 
@@ -100,8 +106,7 @@ def helper_waits_on_a_finished_peer_body(ctx: simdist.RankContext) -> int:
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_helper_waiting_on_a_peer_that_returned_is_a_deadlock(schedule: str) -> None:
     with pytest.raises(simdist.DeadlockError) as info:
-        simdist.run(helper_waits_on_a_finished_peer_body, world_size=2, timeout=TIMEOUT,
-                    schedule=schedule)
+        simdist.run(helper_waits_on_a_finished_peer_body, world_size=2, timeout=TIMEOUT, schedule=schedule)
     assert "stuck-helper" in str(info.value)
 
 
@@ -154,8 +159,14 @@ def returns_before_helper_body(ctx: simdist.RankContext, out: dict[int, float]) 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_rank_ends_after_its_non_daemon_helpers(schedule: str) -> None:
     out: dict[int, float] = {}
-    assert simdist.run(returns_before_helper_body, world_size=3, timeout=TIMEOUT,
-                       schedule=schedule, args=(out,), share_args=True) == [0, 1, 2]
+    assert simdist.run(
+        returns_before_helper_body,
+        world_size=3,
+        timeout=TIMEOUT,
+        schedule=schedule,
+        args=(out,),
+        share_args=True,
+    ) == [0, 1, 2]
     assert out == {0: 3.0, 1: 3.0, 2: 3.0}
 
 
@@ -172,8 +183,9 @@ def daemon_spinner_body(ctx: simdist.RankContext, progress: list[int]) -> int:
 def test_daemon_helpers_are_stopped_when_their_rank_ends() -> None:
     progress = [0, 0]
     before = set(threading.enumerate())
-    assert simdist.run(daemon_spinner_body, world_size=2, timeout=TIMEOUT,
-                       args=(progress,), share_args=True) == [0, 1]
+    assert simdist.run(
+        daemon_spinner_body, world_size=2, timeout=TIMEOUT, args=(progress,), share_args=True
+    ) == [0, 1]
     seen = list(progress)
     time.sleep(0.2)
     assert progress == seen and sum(seen) > 0
@@ -191,8 +203,9 @@ def test_a_helper_that_cannot_be_stopped_is_reported_by_name(monkeypatch: pytest
     blocker = threading.Event()
     try:
         with pytest.raises(simdist.RankError) as info:
-            simdist.run(daemon_blocked_in_c_body, world_size=2, timeout=TIMEOUT,
-                        args=(blocker,), share_args=True)
+            simdist.run(
+                daemon_blocked_in_c_body, world_size=2, timeout=TIMEOUT, args=(blocker,), share_args=True
+            )
         assert sorted(info.value.failures) == [1]
         assert "c-blocked-helper" in str(info.value.__cause__)
     finally:
@@ -217,21 +230,23 @@ def busy_helper_body(ctx: simdist.RankContext, progress: list[int]) -> int:
     return ctx.rank
 
 
-@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process")
+@pytest.mark.skipif(
+    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process",
+)
 def test_ctrl_c_stops_busy_helper_threads_too() -> None:
     progress = [0, 0]
     with pytest.raises(KeyboardInterrupt):
         # The bodies return at once, then wait for their never-ending helpers.
-        simdist.run(busy_helper_body, world_size=2, timeout=120.0, args=(progress,),
-                    share_args=True)
+        simdist.run(busy_helper_body, world_size=2, timeout=120.0, args=(progress,), share_args=True)
     seen = list(progress)
     time.sleep(0.3)
     assert progress == seen and sum(seen) > 0
 
 
-def hands_its_group_out_body(ctx: simdist.RankContext, box: list[Any], go: threading.Event,
-                             done: threading.Event) -> float:
+def hands_its_group_out_body(
+    ctx: simdist.RankContext, box: list[Any], go: threading.Event, done: threading.Event
+) -> float:
     if ctx.rank == 0:
         box.append(dist.group.WORLD)
         go.set()
@@ -247,9 +262,11 @@ def test_a_thread_outside_the_run_cannot_act_as_a_rank() -> None:
     def outsider() -> None:
         try:
             go.wait(30)
-            for attempt in (lambda: dist.all_reduce(torch.ones(1), group=box[0]),
-                            lambda: box[0].allreduce([torch.ones(1)]),
-                            lambda: box[0].send([torch.ones(1)], 1, 0)):
+            for attempt in (
+                lambda: dist.all_reduce(torch.ones(1), group=box[0]),
+                lambda: box[0].allreduce([torch.ones(1)]),
+                lambda: box[0].send([torch.ones(1)], 1, 0),
+            ):
                 try:
                     attempt()
                     errors.append("accepted")
@@ -260,8 +277,14 @@ def test_a_thread_outside_the_run_cannot_act_as_a_rank() -> None:
 
     thread = threading.Thread(target=outsider)
     thread.start()
-    results = simdist.run(hands_its_group_out_body, world_size=2, timeout=TIMEOUT,
-                          schedule="concurrent", args=(box, go, done), share_args=True)
+    results = simdist.run(
+        hands_its_group_out_body,
+        world_size=2,
+        timeout=TIMEOUT,
+        schedule="concurrent",
+        args=(box, go, done),
+        share_args=True,
+    )
     thread.join(30)
     assert results == [3.0, 3.0]  # the outsider's calls never joined rank 0's
     assert len(errors) == 3
@@ -282,8 +305,7 @@ def join_at_once_body(ctx: simdist.RankContext) -> float:
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_joining_a_helper_lets_the_other_ranks_run(schedule: str) -> None:
-    assert simdist.run(join_at_once_body, world_size=2, timeout=TIMEOUT,
-                       schedule=schedule) == [12.0, 12.0]
+    assert simdist.run(join_at_once_body, world_size=2, timeout=TIMEOUT, schedule=schedule) == [12.0, 12.0]
 
 
 def idle_pool_cycle_body(ctx: simdist.RankContext, pools: list[Any]) -> int:
@@ -303,8 +325,14 @@ def idle_pool_cycle_body(ctx: simdist.RankContext, pools: list[Any]) -> int:
 def test_idle_pool_workers_count_as_blocked(schedule: str) -> None:
     pools: list[Any] = []
     with pytest.raises(simdist.DeadlockError):
-        simdist.run(idle_pool_cycle_body, world_size=2, timeout=TIMEOUT, schedule=schedule,
-                    args=(pools,), share_args=True)
+        simdist.run(
+            idle_pool_cycle_body,
+            world_size=2,
+            timeout=TIMEOUT,
+            schedule=schedule,
+            args=(pools,),
+            share_args=True,
+        )
 
 
 def forgotten_pool_body(ctx: simdist.RankContext) -> float:
@@ -315,8 +343,11 @@ def forgotten_pool_body(ctx: simdist.RankContext) -> float:
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_pool_never_shut_down_ends_with_its_rank(schedule: str) -> None:
     before = set(threading.enumerate())
-    assert simdist.run(forgotten_pool_body, world_size=3, timeout=TIMEOUT,
-                       schedule=schedule) == [6.0, 6.0, 6.0]
+    assert simdist.run(forgotten_pool_body, world_size=3, timeout=TIMEOUT, schedule=schedule) == [
+        6.0,
+        6.0,
+        6.0,
+    ]
     time.sleep(0.1)
     assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
 
@@ -326,6 +357,7 @@ def test_a_pool_created_outside_the_run_stays_its_owners() -> None:
     # helpers, and a rank's end must not shut the caller's pool down.
     pool = ThreadPoolExecutor(1)
     try:
+
         def body(ctx):
             return pool.submit(lambda r: 21 * r, ctx.rank + 1).result()
 

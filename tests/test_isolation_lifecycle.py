@@ -25,8 +25,10 @@ def spin_then_ctrl_c_body(ctx: simdist.RankContext) -> int:
     return ctx.rank
 
 
-@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process")
+@pytest.mark.skipif(
+    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process",
+)
 def test_ctrl_c_takes_every_rank_down_before_the_caller_sees_it() -> None:
     assert threading.current_thread() is threading.main_thread()
     before = set(threading.enumerate())
@@ -34,8 +36,11 @@ def test_ctrl_c_takes_every_rank_down_before_the_caller_sees_it() -> None:
     state = torch.get_rng_state()
     with pytest.raises(KeyboardInterrupt):
         simdist.run(spin_then_ctrl_c_body, world_size=3, timeout=120.0)
-    left = [t.name for t in threading.enumerate()
-            if t not in before and t.is_alive() and t.name.startswith("simdist-rank")]
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and t.name.startswith("simdist-rank")
+    ]
     assert left == [], f"ranks still running after Ctrl-C: {left}"
     assert torch.equal(torch.get_rng_state(), state), "the caller's generator is put back"
     assert not dist.is_initialized()
@@ -50,17 +55,26 @@ def busy_counting_body(ctx: simdist.RankContext, progress: list[int]) -> int:
         progress[ctx.rank] += 1
 
 
-@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process")
+@pytest.mark.skipif(
+    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process",
+)
 @pytest.mark.parametrize("schedule", ["rank", "concurrent"])
 def test_after_ctrl_c_no_rank_makes_progress(schedule: str) -> None:
     """Judged by the ranks' own progress, not Thread.is_alive (which an
     interrupted join falsifies)."""
     import time
+
     progress = [0, 0, 0]
     with pytest.raises(KeyboardInterrupt):
-        simdist.run(busy_counting_body, world_size=3, timeout=120.0, schedule=schedule,
-                    args=(progress,), share_args=True)
+        simdist.run(
+            busy_counting_body,
+            world_size=3,
+            timeout=120.0,
+            schedule=schedule,
+            args=(progress,),
+            share_args=True,
+        )
     seen = list(progress)
     time.sleep(0.3)  # long enough for a live busy loop to count many times
     assert progress == seen, f"ranks still computing after Ctrl-C: {seen} -> {progress}"
@@ -77,16 +91,20 @@ def blocked_in_c_then_ctrl_c_body(ctx: simdist.RankContext, blocker: threading.E
     return ctx.rank
 
 
-@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process")
+@pytest.mark.skipif(
+    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="Ctrl-C is not delivered as KeyboardInterrupt in this process",
+)
 def test_ctrl_c_names_a_rank_it_cannot_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     import simdist.world
+
     monkeypatch.setattr(simdist.world, "_GRACE_S", 0.3)
     blocker = threading.Event()
     try:
         with pytest.raises(KeyboardInterrupt) as info:
-            simdist.run(blocked_in_c_then_ctrl_c_body, world_size=2, timeout=120.0,
-                        args=(blocker,), share_args=True)
+            simdist.run(
+                blocked_in_c_then_ctrl_c_body, world_size=2, timeout=120.0, args=(blocker,), share_args=True
+            )
         notes = "\n".join(getattr(info.value, "__notes__", []))
         assert "simdist-rank-1" in notes and "in blocked_in_c_then_ctrl_c_body" in notes
     finally:

@@ -57,15 +57,24 @@ def p2p_race_body(ctx: simdist.RankContext, log: list[int]) -> float:
 def test_same_seed_same_results_and_order_under_a_random_schedule() -> None:
     def once(seed: int) -> tuple[list[float], list[int]]:
         log: list[int] = []
-        results = simdist.run(p2p_race_body, world_size=5, args=(log,), share_args=True,
-                              schedule="random", schedule_seed=seed, timeout=TIMEOUT)
+        results = simdist.run(
+            p2p_race_body,
+            world_size=5,
+            args=(log,),
+            share_args=True,
+            schedule="random",
+            schedule_seed=seed,
+            timeout=TIMEOUT,
+        )
         return results, log
+
     first = once(3)
     assert first[0][0] == 1.0 + 2 + 3 + 4
     assert once(3) == first
 
 
 # --- store waits give up the token ----------------------------------------------------
+
 
 def store_body(ctx: simdist.RankContext) -> bytes:
     store = dist.distributed_c10d._get_default_store()
@@ -98,6 +107,7 @@ def test_a_store_key_nobody_will_set_is_a_deadlock_not_a_timeout() -> None:
 
 # --- deadlocks and the watchdog under the token ----------------------------------------
 
+
 def cycle_body(ctx: simdist.RankContext) -> None:
     if ctx.rank < 2:
         dist.send(torch.ones(1), dst=1 - ctx.rank, group=ctx.groups.tp)
@@ -108,8 +118,9 @@ def cycle_body(ctx: simdist.RankContext) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_a_partial_cycle_is_found_under_any_schedule(seed: int) -> None:
     with pytest.raises(simdist.DeadlockError) as info:
-        simdist.run(cycle_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT,
-                    schedule="random", schedule_seed=seed)
+        simdist.run(
+            cycle_body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT, schedule="random", schedule_seed=seed
+        )
     message = str(info.value)
     # Whether ranks 2 and 3 are still running then depends on the schedule; the cycle does not.
     assert message.startswith("deadlock: ")
@@ -134,19 +145,23 @@ def test_a_rank_that_never_blocks_is_named_and_the_others_as_starved() -> None:
 
 
 def test_concurrent_schedule_keeps_the_old_free_running_threads() -> None:
-    results = simdist.run(lambda ctx: torch.ones(1).add_(ctx.rank), world_size=2,
-                          schedule="concurrent", timeout=TIMEOUT)
+    results = simdist.run(
+        lambda ctx: torch.ones(1).add_(ctx.rank), world_size=2, schedule="concurrent", timeout=TIMEOUT
+    )
     assert [r.item() for r in results] == [1.0, 2.0]
 
 
 def test_bad_schedules_are_refused() -> None:
-    with pytest.raises(ValueError, match="schedule must be one of 'rank', 'random', 'concurrent', got 'fifo'"):
+    with pytest.raises(
+        ValueError, match="schedule must be one of 'rank', 'random', 'concurrent', got 'fifo'"
+    ):
         simdist.run(lambda ctx: None, world_size=2, schedule="fifo")
     with pytest.raises(TypeError, match="schedule_seed must be an int, got str"):
         simdist.run(lambda ctx: None, world_size=2, schedule="random", schedule_seed="1")
 
 
 # --- the flight record is reproducible too ---------------------------------------------
+
 
 class _Order(simdist.CommStats):
     """Every call of a run, in the order the ranks started them."""
@@ -181,9 +196,20 @@ def test_the_order_of_every_call_repeats_under_each_schedule() -> None:
     # runnable) blocks in send; 2 blocks in its all_reduce; 3 completes it,
     # receives 1's send and blocks in the barrier; 1 blocks in the barrier;
     # 2 receives 0's send and blocks in the barrier; 0 completes the barrier.
-    want = [(0, "all_reduce", 0), (1, "all_reduce", 0), (1, "send", -1), (0, "send", -1),
-            (2, "all_reduce", 0), (3, "all_reduce", 0), (3, "recv", -1), (3, "barrier", 0),
-            (1, "barrier", 0), (2, "recv", -1), (2, "barrier", 0), (0, "barrier", 0)]
+    want = [
+        (0, "all_reduce", 0),
+        (1, "all_reduce", 0),
+        (1, "send", -1),
+        (0, "send", -1),
+        (2, "all_reduce", 0),
+        (3, "all_reduce", 0),
+        (3, "recv", -1),
+        (3, "barrier", 0),
+        (1, "barrier", 0),
+        (2, "recv", -1),
+        (2, "barrier", 0),
+        (0, "barrier", 0),
+    ]
     assert call_order() == want
     assert call_order() == want
     for seed in (1, 2):
@@ -194,6 +220,7 @@ def test_the_order_of_every_call_repeats_under_each_schedule() -> None:
 
 def test_run_queues_skip_ranks_that_stopped_being_runnable() -> None:
     from simdist.policy import RankOrder, SeededRandom
+
     runnable = {1, 4}
     order = RankOrder()
     for r in (4, 0, 1, 1):
@@ -207,5 +234,6 @@ def test_run_queues_skip_ranks_that_stopped_being_runnable() -> None:
         for r in range(6):
             queue.push(r)
         return [queue.pick(lambda r: r % 2 == 0) for _ in range(4)]
+
     assert picks(7) == picks(7)
     assert sorted(picks(7)[:3]) == [0, 2, 4] and picks(7)[3] is None

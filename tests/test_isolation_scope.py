@@ -6,7 +6,8 @@ disturbs neither the caller nor a later run."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -43,7 +44,8 @@ def use_real_world_by_name(expected: dist.ProcessGroup) -> list[float]:
 
 
 def test_a_real_world_used_by_name_in_another_thread_during_and_after_a_run(
-        real_world: dist.ProcessGroup) -> None:
+    real_world: dist.ProcessGroup,
+) -> None:
     inside, outside_done = threading.Event(), threading.Event()
     seen: list[Any] = []
 
@@ -67,8 +69,7 @@ def test_a_real_world_used_by_name_in_another_thread_during_and_after_a_run(
 
     thread = threading.Thread(target=outsider)
     thread.start()
-    results = simdist.run(body, world_size=2, timeout=TIMEOUT, args=(inside, outside_done),
-                          share_args=True)
+    results = simdist.run(body, world_size=2, timeout=TIMEOUT, args=(inside, outside_done), share_args=True)
     thread.join(30)
     assert results == [4, 4]
     assert seen == [[2.0, 3.0]]
@@ -114,8 +115,14 @@ def destroy_then_peers_go_on_body(ctx: simdist.RankContext, destroyed: threading
 
 
 def test_a_rank_destroying_its_world_removes_only_its_own_groups(real_world: dist.ProcessGroup) -> None:
-    results = simdist.run(destroy_then_peers_go_on_body, world_size=3, timeout=TIMEOUT,
-                          schedule="concurrent", args=(threading.Event(),), share_args=True)
+    results = simdist.run(
+        destroy_then_peers_go_on_body,
+        world_size=3,
+        timeout=TIMEOUT,
+        schedule="concurrent",
+        args=(threading.Event(),),
+        share_args=True,
+    )
     assert results == [4.0, -1.0, 4.0]
     assert use_real_world_by_name(real_world) == [2.0, 3.0]
 
@@ -127,8 +134,9 @@ def blocked_in_c_body(ctx: simdist.RankContext, blocker: threading.Event) -> int
     return ctx.rank
 
 
-def later_run_body(ctx: simdist.RankContext, blocker: threading.Event,
-                   leftover: list[threading.Thread]) -> list[Any]:
+def later_run_body(
+    ctx: simdist.RankContext, blocker: threading.Event, leftover: list[threading.Thread]
+) -> list[Any]:
     world = dist.group.WORLD
     if ctx.rank == 0:
         blocker.set()  # the earlier run's leftover rank now returns and cleans up
@@ -141,13 +149,13 @@ def later_run_body(ctx: simdist.RankContext, blocker: threading.Event,
 
 
 def test_a_rank_blocked_in_c_is_reported_and_disturbs_nothing_when_it_exits_late(
-        real_world: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_world: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(simdist.world, "_GRACE_S", 0.5)
     blocker = threading.Event()
     before = set(threading.enumerate())
     with pytest.raises(simdist.SimulationTimeout) as info:
-        simdist.run(blocked_in_c_body, world_size=2, timeout=1.0, args=(blocker,),
-                    share_args=True)
+        simdist.run(blocked_in_c_body, world_size=2, timeout=1.0, args=(blocker,), share_args=True)
     report = str(info.value)
     assert "could not be interrupted" in report and "simdist-rank-1" in report
     assert "in blocked_in_c_body" in report  # its stack
@@ -157,8 +165,9 @@ def test_a_rank_blocked_in_c_is_reported_and_disturbs_nothing_when_it_exits_late
     assert use_real_world_by_name(real_world) == [2.0, 3.0]
     assert dist.group.WORLD is real_world
     # A later run releases it: its exit must not remove that run's groups.
-    results = simdist.run(later_run_body, world_size=2, timeout=TIMEOUT,
-                          args=(blocker, leftover), share_args=True)
+    results = simdist.run(
+        later_run_body, world_size=2, timeout=TIMEOUT, args=(blocker, leftover), share_args=True
+    )
     assert results == [[3.0, 2.0], [3.0, 2.0]]
     assert use_real_world_by_name(real_world) == [2.0, 3.0]
     assert type(c10d._world) is c10d._World, "routing ends once the last rank thread has left"
@@ -188,8 +197,9 @@ def test_runs_in_several_threads_at_once_stay_independent(schedule: str) -> None
 
     def one(base: int) -> None:
         try:
-            outcomes[base] = simdist.run(drawing_body, world_size=3, timeout=TIMEOUT,
-                                         schedule=schedule, args=(base, rounds))
+            outcomes[base] = simdist.run(
+                drawing_body, world_size=3, timeout=TIMEOUT, schedule=schedule, args=(base, rounds)
+            )
         except BaseException as exc:  # reported below
             outcomes[base] = exc
 
@@ -233,5 +243,5 @@ def test_a_run_started_inside_a_rank_runs_and_leaves_the_ranks_state_alone() -> 
         assert draws == torch.rand(2, generator=torch.Generator().manual_seed(rank)).tolist()
         assert rank_seen == rank and total == 4.0
     assert results[0][1] == [
-        [2.0] + torch.rand(1, generator=torch.Generator().manual_seed(50 + r)).tolist()
-        for r in range(2)]
+        [2.0] + torch.rand(1, generator=torch.Generator().manual_seed(50 + r)).tolist() for r in range(2)
+    ]

@@ -29,8 +29,14 @@ def seeded_body(ctx: simdist.RankContext) -> dict[str, object]:
     dist.all_reduce(total, op=dist.ReduceOp.MAX)  # exact in any order; ranks switch here
     dropped = torch.nn.functional.dropout(torch.ones(8), p=0.5)
     dist.barrier()
-    return {"first": first, "total": total, "dropped": dropped, "after": torch.randn(3),
-            "py": random.random(), "np": float(np.random.rand())}
+    return {
+        "first": first,
+        "total": total,
+        "dropped": dropped,
+        "after": torch.randn(3),
+        "py": random.random(),
+        "np": float(np.random.rand()),
+    }
 
 
 def assert_same(a: list[dict[str, object]], b: list[dict[str, object]]) -> None:
@@ -91,8 +97,9 @@ def test_the_same_tensor_passed_to_every_rank_gives_the_gloo_result_every_time()
 
 def test_share_args_gives_every_rank_the_same_objects() -> None:
     box: list[int] = []
-    simdist.run(lambda ctx, b: b.append(ctx.rank), world_size=3, args=(box,), share_args=True,
-                timeout=TIMEOUT)
+    simdist.run(
+        lambda ctx, b: b.append(ctx.rank), world_size=3, args=(box,), share_args=True, timeout=TIMEOUT
+    )
     assert sorted(box) == [0, 1, 2]
     copied: list[int] = []
     simdist.run(lambda ctx, b: b.append(ctx.rank), world_size=3, args=(copied,), timeout=TIMEOUT)
@@ -101,16 +108,19 @@ def test_share_args_gives_every_rank_the_same_objects() -> None:
 
 def test_arguments_that_cannot_be_copied_are_refused_before_any_rank_starts() -> None:
     import threading
+
     started: list[int] = []
     with pytest.raises(TypeError, match="share_args=True"):
-        simdist.run(lambda ctx, lock: started.append(1), world_size=2, args=(threading.Lock(),),
-                    timeout=TIMEOUT)
+        simdist.run(
+            lambda ctx, lock: started.append(1), world_size=2, args=(threading.Lock(),), timeout=TIMEOUT
+        )
     assert started == []
     with pytest.raises(TypeError, match="share_args must be True or False"):
         simdist.run(lambda ctx: None, world_size=2, share_args="yes", timeout=TIMEOUT)
 
 
 # --- rank_local: module globals, like Megatron's parallel_state --------------------------
+
 
 def make_parallel_state() -> types.ModuleType:
     """A module that keeps its groups in globals and refuses a second init."""
@@ -140,19 +150,28 @@ def parallel_state_body(ctx: simdist.RankContext, state: types.ModuleType) -> li
 def test_module_globals_shared_by_ranks_fail_as_megatron_does() -> None:
     state = make_parallel_state()
     with pytest.raises(simdist.RankError, match="already initialized"):
-        simdist.run(parallel_state_body, layout=Layout(tp=2, dp=2), args=(state,), share_args=True,
-                    timeout=TIMEOUT)
+        simdist.run(
+            parallel_state_body, layout=Layout(tp=2, dp=2), args=(state,), share_args=True, timeout=TIMEOUT
+        )
 
 
 @pytest.mark.parametrize("by", ["module", "name"])
 def test_rank_local_module_gives_each_rank_its_own_globals(by: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
+
     state = make_parallel_state()
     monkeypatch.setitem(sys.modules, "fake_parallel_state", state)
     layout = Layout(tp=2, dp=2)
     entry = state if by == "module" else "fake_parallel_state"
-    results = simdist.run(parallel_state_body, layout=layout, args=(state,), share_args=True,
-                          rank_local=[entry], schedule="random", timeout=TIMEOUT)
+    results = simdist.run(
+        parallel_state_body,
+        layout=layout,
+        args=(state,),
+        share_args=True,
+        rank_local=[entry],
+        schedule="random",
+        timeout=TIMEOUT,
+    )
     assert results == [list(layout.group_of("dp", r)) for r in range(4)]
     assert state._DP is None, "the run-start value is put back"
 
@@ -161,10 +180,9 @@ class Counter:
     calls = 0
 
 
-
-
 def test_rank_local_attribute() -> None:
     Counter.calls = 10
+
     # Every rank must take part in the same number of barriers.
     def body(ctx: simdist.RankContext) -> int:
         for i in range(3):
@@ -172,6 +190,7 @@ def test_rank_local_attribute() -> None:
                 Counter.calls += 1
             dist.barrier()
         return Counter.calls
+
     assert simdist.run(body, world_size=3, rank_local=[(Counter, "calls")], timeout=TIMEOUT) == [11, 12, 13]
     assert Counter.calls == 10
     shared = simdist.run(body, world_size=3, timeout=TIMEOUT)
@@ -200,7 +219,9 @@ def test_numpy_state_including_a_cached_gaussian_is_each_ranks_own() -> None:
     random.seed(11)
     random.gauss(0.0, 1.0)  # so does random.gauss
     start, py_start = np.random.get_state(), random.getstate()
-    want = [float(v) for v in np.random.randn(3)] + [random.gauss(0.0, 1.0)]  # what every forked process draws
+    want = [float(v) for v in np.random.randn(3)] + [
+        random.gauss(0.0, 1.0)
+    ]  # what every forked process draws
     np.random.set_state(start)
     random.setstate(py_start)
     assert simdist.run(gauss_body, world_size=3, timeout=TIMEOUT) == [want] * 3

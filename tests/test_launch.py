@@ -194,9 +194,13 @@ def test_torchrun_rank_runs_the_body_in_process(tmp_path: Path) -> None:
         env=env,
         cwd=tmp_path,
     )
-    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (
+        f"torchrun exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )
     results = sorted(
-        ast.literal_eval(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")
+        ast.literal_eval(line[len("RESULT ") :])
+        for line in done.stdout.splitlines()
+        if line.startswith("RESULT ")
     )
     # dp groups of Layout(tp=2, dp=2) are {0, 2} and {1, 3}: sums 10+12 and 11+13.
     assert results == [(0, 22.0, [0, 1]), (1, 24.0, [0, 1]), (2, 22.0, [2, 3]), (3, 24.0, [2, 3])]

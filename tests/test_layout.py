@@ -10,10 +10,10 @@ import itertools
 import re
 
 import pytest
+from collective_reference import Sizes, megatron_rank, reference_coords, reference_group_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collective_reference import Sizes, megatron_rank, reference_coords, reference_group_ranks
 from simdist import Layout
 
 AXES = ("tp", "cp", "dp", "pp")
@@ -51,8 +51,14 @@ def test_megatron_order_by_hand() -> None:
     # tp fastest, then cp, dp, pp: tp=2, cp=1, dp=2, pp=2 written out.
     layout = Layout(tp=2, cp=1, dp=2, pp=2)
     expected = {
-        0: (0, 0, 0, 0), 1: (1, 0, 0, 0), 2: (0, 0, 1, 0), 3: (1, 0, 1, 0),
-        4: (0, 0, 0, 1), 5: (1, 0, 0, 1), 6: (0, 0, 1, 1), 7: (1, 0, 1, 1),
+        0: (0, 0, 0, 0),
+        1: (1, 0, 0, 0),
+        2: (0, 0, 1, 0),
+        3: (1, 0, 1, 0),
+        4: (0, 0, 0, 1),
+        5: (1, 0, 0, 1),
+        6: (0, 0, 1, 1),
+        7: (1, 0, 1, 1),
     }
     assert {r: tuple(layout.coords(r)) for r in range(8)} == expected
     assert layout.group_ranks("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -100,8 +106,13 @@ def test_group_ranks_match_independent_reshape(s: Sizes) -> None:
 def test_groups_partition_the_world_and_vary_only_their_axes(s: Sizes) -> None:
     layout = layout_of(s)
     varying = {
-        "tp": {"tp"}, "cp": {"cp"}, "dp": {"dp"}, "pp": {"pp"},
-        "dp_cp": {"dp", "cp"}, "mp": {"tp", "pp"}, "world": set(AXES),
+        "tp": {"tp"},
+        "cp": {"cp"},
+        "dp": {"dp"},
+        "pp": {"pp"},
+        "dp_cp": {"dp", "cp"},
+        "mp": {"tp", "pp"},
+        "world": set(AXES),
     }
     for axis, axes in varying.items():
         groups = layout.group_ranks(axis)

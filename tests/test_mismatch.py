@@ -10,7 +10,8 @@ and check what ``simdist.run`` raises.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -37,6 +38,7 @@ def coords_text(layout: Layout, rank: int) -> str:
 
 
 # --- one rank deviates; every member of its group must fail ---------------------------
+
 
 def deviant_call(kind: str, group: dist.ProcessGroup) -> None:
     if kind == "shape":
@@ -131,6 +133,7 @@ def test_mismatch_on_each_axis_reports_only_that_group(axis: str) -> None:
 
 # --- what simdist.run raises --------------------------------------------------------
 
+
 def later_mismatch_body(ctx: simdist.RankContext) -> None:
     for _ in range(2):
         dist.all_reduce(torch.ones(3), group=ctx.groups.pp)
@@ -187,7 +190,10 @@ def reduce_scatter_tensor_body(ctx: simdist.RankContext) -> None:
 
 @pytest.mark.parametrize(
     "body, op",
-    [(gather_into_tensor_body, "all_gather_into_tensor"), (reduce_scatter_tensor_body, "reduce_scatter_tensor")],
+    [
+        (gather_into_tensor_body, "all_gather_into_tensor"),
+        (reduce_scatter_tensor_body, "reduce_scatter_tensor"),
+    ],
 )
 def test_tensor_collectives_with_different_shapes(body: Callable[..., None], op: str) -> None:
     with pytest.raises(simdist.CollectiveMismatchError) as info:
@@ -205,7 +211,9 @@ def all_to_all_split_body(ctx: simdist.RankContext) -> None:
 
 
 def test_all_to_all_split_disagreement() -> None:
-    with pytest.raises(simdist.CollectiveMismatchError, match="rank 0 sends 1 rows to rank 1, which expects 2"):
+    with pytest.raises(
+        simdist.CollectiveMismatchError, match="rank 0 sends 1 rows to rank 1, which expects 2"
+    ):
         simdist.run(all_to_all_split_body, world_size=2, timeout=TIMEOUT)
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 
+import cotrain_harness
 import pytest
 import torch.distributed as dist
-
-import cotrain_harness
-import simdist
 from cotrain_faults import assert_bitwise_equal, clean_run, faulty_then_retry
 from cotrain_harness import check_parity, config_for
+
+import simdist
 from draft_loss import context_parallel as context_parallel_module
 from draft_loss import cotrain as cotrain_module
 from draft_loss import grads as grads_module
@@ -53,7 +53,9 @@ def test_mutant_normalising_by_the_local_count_is_caught(monkeypatch):
     monkeypatch.setattr(cotrain_harness, "check_ranks_agree", lambda *args: None)
     # (The grad norms agree across the world by construction, so the draft
     # loss metric is where rank 2's local normalisation shows.)
-    with pytest.raises(AssertionError, match="split vs monolithic: rank 2 (draft grad norm|metric draft_loss)"):
+    with pytest.raises(
+        AssertionError, match="split vs monolithic: rank 2 (draft grad norm|metric draft_loss)"
+    ):
         _parity()
 
 
@@ -71,9 +73,9 @@ def test_mutant_skipping_the_pp_norm_collective_without_draft_parameters_is_caug
     # hang, on simdist a collective mismatch or deadlock reported at once.
     with pytest.raises(simdist.SimulationError) as info:
         _parity()
-    assert isinstance(info.value.__cause__, (simdist.CollectiveMismatchError, simdist.DeadlockError)) or isinstance(
-        info.value, (simdist.CollectiveMismatchError, simdist.DeadlockError)
-    ), repr(info.value)
+    assert isinstance(
+        info.value.__cause__, (simdist.CollectiveMismatchError, simdist.DeadlockError)
+    ) or isinstance(info.value, (simdist.CollectiveMismatchError, simdist.DeadlockError)), repr(info.value)
 
 
 def _correct_then_scale(self, params, policy_count, probe):
@@ -107,7 +109,9 @@ def clean():
 
 def _abort_then_retry(clean) -> None:
     """The abort/retry suite's check, at a point where the draft state holds sums."""
-    _, _, _, states, _, retried = faulty_then_retry(SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED)
+    _, _, _, states, _, retried = faulty_then_retry(
+        SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED
+    )
     assert all(phase == StepPhase.IDLE.value and n == 0 for phase, n in states.values()), states
     assert_bitwise_equal(retried, clean)
 
@@ -138,7 +142,9 @@ def test_mutant_abort_that_keeps_the_sums_is_caught_by_retry_values_alone(monkey
         self._phase = StepPhase.IDLE
 
     monkeypatch.setattr(DraftStepState, "abort", phase_only)
-    _, _, _, _, _, retried = faulty_then_retry(SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED)
+    _, _, _, _, _, retried = faulty_then_retry(
+        SENSITIVE, DRAFT_RANK, "split:before_count_reduction", **CLIPPED
+    )
     with pytest.raises(AssertionError, match="rank"):
         assert_bitwise_equal(retried, clean)
 
@@ -155,12 +161,19 @@ def _cp_parity(scenario: str = "boundary") -> None:
 def _cp_monolithic_vs_reference(scenario: str = "boundary") -> None:
     """The monolithic step alone against the unsharded float64 reference."""
     config = config_for(**CLIPPED)
-    results, global_batch = cotrain_harness.run_modes(CP_SENSITIVE, config, scenario, 2, ("monolithic",), seq_len=12)
+    results, global_batch = cotrain_harness.run_modes(
+        CP_SENSITIVE, config, scenario, 2, ("monolithic",), seq_len=12
+    )
     rtol, atol = cotrain_harness.TOLERANCES[config.dtype]["vs_reference"]
     reference = cotrain_harness.reference_of(config, global_batch)
     cotrain_harness.check_against(
-        CP_SENSITIVE, results["monolithic"], lambda rank: reference, rtol=rtol, atol_fraction=atol,
-        what="monolithic vs float64 reference", tp_sharded_expected=True,
+        CP_SENSITIVE,
+        results["monolithic"],
+        lambda rank: reference,
+        rtol=rtol,
+        atol_fraction=atol,
+        what="monolithic vs float64 reference",
+        tp_sharded_expected=True,
     )
 
 

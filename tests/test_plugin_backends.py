@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from plugin_programs import FAILING_RANK_ONE
 
 # torch.testing.assert_close imports this lazily. An in-process pytester run
 # that triggers that import drops the module again when it restores
 # sys.modules, and importing it a second time fails (c10d_functional is
 # registered once per process), so it is imported before any such run.
-import torch.distributed.tensor  # noqa: F401,E402
+import torch.distributed.tensor
+from plugin_programs import FAILING_RANK_ONE
 
 pytest_plugins = ["pytester"]
 
@@ -29,8 +29,9 @@ SUBSET = [
 ]
 
 
-def run_spmd(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend: str,
-             tests: list[str]) -> dict[str, object]:
+def run_spmd(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend: str, tests: list[str]
+) -> dict[str, object]:
     out = pytester.mkdir(f"results-{backend}")
     monkeypatch.setenv("SIMDIST_SPMD_RESULTS", str(out))
     targets = [f"{SPMD_FILE}::{test}" for test in tests] if tests else [str(SPMD_FILE)]
@@ -40,12 +41,16 @@ def run_spmd(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("tests", [
-    pytest.param(SUBSET, id="subset"),
-    pytest.param([], id="whole-file", marks=pytest.mark.slow),
-])
-def test_draft_loss_on_gloo_agrees_with_sim(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-                                            tests: list[str]) -> None:
+@pytest.mark.parametrize(
+    "tests",
+    [
+        pytest.param(SUBSET, id="subset"),
+        pytest.param([], id="whole-file", marks=pytest.mark.slow),
+    ],
+)
+def test_draft_loss_on_gloo_agrees_with_sim(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tests: list[str]
+) -> None:
     sim = run_spmd(pytester, monkeypatch, "sim", tests)
     gloo = run_spmd(pytester, monkeypatch, "gloo", tests)
     # Every rank of every world saved its results on both backends ...
@@ -81,13 +86,15 @@ def test_simulator_only_tests_are_skipped_on_real_backends_with_the_reason(pytes
     pytester.makepyfile(SIM_ONLY)
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "--simdist-backend=gloo")
     result.assert_outcomes(skipped=3, failed=1)
-    result.stdout.fnmatch_lines_random([
-        "SKIPPED [[]1[]] *: simulator only, not on --simdist-backend=gloo: sim_only=True: *",
-        "SKIPPED [[]1[]] *: simulator only, not on --simdist-backend=gloo: faults=: fault injection exists only in the simulator",
-        "SKIPPED [[]1[]] *: simulator only, not on --simdist-backend=gloo: reduction='ring': *",
-        # A fixture value that cannot travel to another process is named, before anything is spawned.
-        "E*TypeError: fixture 'request' (*) cannot be sent to the gloo ranks, which are separate processes*",
-    ])
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED [[]1[]] *: simulator only, not on --simdist-backend=gloo: sim_only=True: *",
+            "SKIPPED [[]1[]] *: simulator only, not on --simdist-backend=gloo: faults=: fault injection exists only in the simulator",
+            "SKIPPED [[]1[]] *: simulator only, not on --simdist-backend=gloo: reduction='ring': *",
+            # A fixture value that cannot travel to another process is named, before anything is spawned.
+            "E*TypeError: fixture 'request' (*) cannot be sent to the gloo ranks, which are separate processes*",
+        ]
+    )
     result = pytester.runpytest("-p", "no:cacheprovider")  # the simulator runs them all
     result.assert_outcomes(passed=4)
 
@@ -107,10 +114,12 @@ def test_world(ctx):
 """)
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "--simdist-backend=nccl")
     result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines_random([
-        "SKIPPED [[]1[]] *: gpu: CUDA is not available here",
-        "SKIPPED [[]1[]] *: nccl: world2 needs 2 GPUs (one per rank); this machine has 0",
-    ])
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED [[]1[]] *: gpu: CUDA is not available here",
+            "SKIPPED [[]1[]] *: nccl: world2 needs 2 GPUs (one per rank); this machine has 0",
+        ]
+    )
 
 
 XDIST_SUITE = """
@@ -166,8 +175,9 @@ def test_rank_one_skips(ctx):
 
 @pytest.mark.slow
 @pytest.mark.gloo
-def test_under_torchrun_every_rank_joins_the_launched_world(pytester: pytest.Pytester,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_torchrun_every_rank_joins_the_launched_world(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile(TORCHRUN_SUITE)
     result = torchrun_pytest(pytester, monkeypatch)
     out = result.stdout.str()
@@ -184,16 +194,29 @@ def torchrun_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) 
     root = str(HERE.parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     return pytester.run(
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "--simdist-backend=gloo",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "-rs",
+        "--simdist-backend=gloo",
         timeout=240,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.gloo
-def test_under_torchrun_ranks_that_collected_different_tests_stop(pytester: pytest.Pytester,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_torchrun_ranks_that_collected_different_tests_stop(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile("""
 import os
 import pytest
@@ -219,10 +242,12 @@ def test_a_failing_gloo_rank_is_reported_with_its_assertion(pytester: pytest.Pyt
     pytester.makepyfile(FAILING_RANK_ONE.format(layout="Layout(dp=2)", axis="dp"))
     result = pytester.runpytest("-p", "no:cacheprovider", "--simdist-backend=gloo")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*assert seen == 2, \"dp sum is off\"",
-        "AssertionError: dp sum is off",
-        "assert 3 == 2",  # pytest's rewriting, inside the rank's process
-        "E*RankFailed: rank 1 (tp=0 cp=0 dp=1 pp=0) failed: AssertionError: dp sum is off [[]...[]]",
-        "*released by that failure (not failures of their own): rank(s) 0",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            '*assert seen == 2, "dp sum is off"',
+            "AssertionError: dp sum is off",
+            "assert 3 == 2",  # pytest's rewriting, inside the rank's process
+            "E*RankFailed: rank 1 (tp=0 cp=0 dp=1 pp=0) failed: AssertionError: dp sum is off [[]...[]]",
+            "*released by that failure (not failures of their own): rank(s) 0",
+        ]
+    )

@@ -16,14 +16,22 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from cotrain_harness import (
+    TOLERANCES,
+    config_for,
+    groups_of,
+    local_batch,
+    make_global_batch,
+    reference_of,
+    shard,
+)
+from soft_ce_reference import reference_gradient, reference_stats
 
 import simdist
-from cotrain_harness import TOLERANCES, config_for, groups_of, local_batch, make_global_batch, reference_of, shard
 from draft_loss import DraftLossStats, soft_cross_entropy
 from draft_loss.cotrain import CotrainWorker
 from draft_loss.step_state import DraftStepState
 from simdist import Layout
-from soft_ce_reference import reference_gradient, reference_stats
 
 RESULTS_ENV = "SIMDIST_SPMD_RESULTS"
 
@@ -60,13 +68,26 @@ def test_vocab_parallel_soft_ce_equals_the_full_vocabulary(ctx, chunk, results_d
     cols = slice(bounds[rank], bounds[rank + 1])
     student = inputs["student"][:, cols].clone().requires_grad_(True)
     stats = soft_cross_entropy(
-        student, inputs["teacher"][:, cols], inputs["mask"], tp_group=ctx.groups.tp,
-        token_chunk_size=chunk, bin_ids=inputs["bin_ids"], weights=inputs["weights"],
+        student,
+        inputs["teacher"][:, cols],
+        inputs["mask"],
+        tp_group=ctx.groups.tp,
+        token_chunk_size=chunk,
+        bin_ids=inputs["bin_ids"],
+        weights=inputs["weights"],
     )
     (stats.numerators * inputs["upstream"]).sum().backward()
-    ref = reference_stats(inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
-    ref_grad = reference_gradient(inputs["student"], inputs["teacher"], inputs["mask"], inputs["upstream"],
-                                  inputs["bin_ids"], inputs["weights"])
+    ref = reference_stats(
+        inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
+    ref_grad = reference_gradient(
+        inputs["student"],
+        inputs["teacher"],
+        inputs["mask"],
+        inputs["upstream"],
+        inputs["bin_ids"],
+        inputs["weights"],
+    )
     torch.testing.assert_close(stats.numerators.detach(), ref.numerators.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(stats.counts, ref.counts, rtol=0, atol=0)
     torch.testing.assert_close(student.grad, ref_grad[:, cols], rtol=1e-10, atol=1e-12)
@@ -80,8 +101,11 @@ def test_step_state_counts_ride_one_dp_all_reduce(ctx, results_dir) -> None:
 
     def microbatch(rank: int, k: int) -> DraftLossStats:
         g = torch.Generator().manual_seed(100 * rank + k)
-        return DraftLossStats(torch.rand(3, generator=g) * 5, torch.randint(0, 9, (3,), generator=g).float(),
-                              torch.tensor([1.0, 0.5, 2.0]))
+        return DraftLossStats(
+            torch.rand(3, generator=g) * 5,
+            torch.randint(0, 9, (3,), generator=g).float(),
+            torch.tensor([1.0, 0.5, 2.0]),
+        )
 
     state = DraftStepState()
     state.begin_step()
@@ -114,7 +138,9 @@ def test_split_step_equals_the_float64_reference(ctx, results_dir) -> None:
     grad_scale = max(float(t.abs().max()) for t in ref.grads.values() if t.numel())
     for name, grad in result.grads.items():
         expected = shard(ref.grads[name], name, ctx.coords.tp, ctx.layout.tp).to(torch.float32)
-        torch.testing.assert_close(grad, expected, rtol=rtol, atol=atol_fraction * grad_scale, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            grad, expected, rtol=rtol, atol=atol_fraction * grad_scale, msg=lambda m: f"{name}: {m}"
+        )
     for metric, value in result.metrics.items():
         assert value == pytest.approx(ref.metrics[metric], rel=rtol, abs=atol_fraction), metric
     save(results_dir, ctx, "split_step", (result.grads, result.metrics))

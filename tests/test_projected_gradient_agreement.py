@@ -24,8 +24,8 @@ EXPECTED = (
 def _inputs(rank: int):
     g = torch.Generator().manual_seed(7)
     hidden = torch.randn(2, 5, 4, generator=g)
-    weight = torch.randn(TP * 3, 4, generator=g)[rank * 3:(rank + 1) * 3]
-    teacher = torch.randn(2, 5, TP * 3, generator=g)[..., rank * 3:(rank + 1) * 3]
+    weight = torch.randn(TP * 3, 4, generator=g)[rank * 3 : (rank + 1) * 3]
+    teacher = torch.randn(2, 5, TP * 3, generator=g)[..., rank * 3 : (rank + 1) * 3]
     mask = torch.rand(2, 5, generator=g) < 0.7
     return hidden, weight, teacher, mask
 
@@ -60,7 +60,9 @@ def test_ranks_that_disagree_on_gradients_all_raise_in_forward(how):
 def _agreeing_body(ctx, needs_grad):
     hidden, weight, teacher, mask = _inputs(ctx.rank)
     hidden.requires_grad_(needs_grad)
-    stats = projected_soft_cross_entropy(hidden, weight, teacher, mask, tp_group=ctx.groups.tp, token_chunk_size=4)
+    stats = projected_soft_cross_entropy(
+        hidden, weight, teacher, mask, tp_group=ctx.groups.tp, token_chunk_size=4
+    )
     if needs_grad:
         stats.normalized().backward()
         return hidden.grad
@@ -69,5 +71,7 @@ def _agreeing_body(ctx, needs_grad):
 
 def test_ranks_that_agree_run_with_or_without_gradients():
     grads = simdist.run(_agreeing_body, layout=Layout(tp=TP), args=(True,), timeout=60.0)
-    assert all(torch.equal(g, grads[0]) and bool(g.abs().sum() > 0) for g in grads)  # the all-reduced hidden grad
+    assert all(
+        torch.equal(g, grads[0]) and bool(g.abs().sum() > 0) for g in grads
+    )  # the all-reduced hidden grad
     assert simdist.run(_agreeing_body, layout=Layout(tp=TP), args=(False,), timeout=60.0) == [False] * TP

@@ -15,7 +15,7 @@ Documented orders (simdist/reduction.py):
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -32,6 +32,7 @@ Tensors = Sequence[torch.Tensor]
 
 
 # --- references: the documented orders, element dtype kept at every step --------------
+
 
 def ref_rank(xs: Tensors) -> torch.Tensor:
     acc = xs[0].clone()
@@ -70,7 +71,11 @@ def ref_in_order(xs: Tensors, order: Sequence[int]) -> torch.Tensor:
     return ref_rank([xs[i] for i in order])
 
 
-REFERENCES: dict[str, Callable[[Tensors], torch.Tensor]] = {"rank": ref_rank, "ring": ref_ring, "tree": ref_tree}
+REFERENCES: dict[str, Callable[[Tensors], torch.Tensor]] = {
+    "rank": ref_rank,
+    "ring": ref_ring,
+    "tree": ref_tree,
+}
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -84,6 +89,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # --- the SPMD body ------------------------------------------------------------------
 
+
 def all_reduce_body(ctx: simdist.RankContext, data: torch.Tensor, axis: str) -> torch.Tensor:
     group = ctx.groups[axis] if axis != "world" else ctx.groups.world
     t = data[ctx.rank].clone()
@@ -91,10 +97,19 @@ def all_reduce_body(ctx: simdist.RankContext, data: torch.Tensor, axis: str) -> 
     return t
 
 
-def reduce_all(data: torch.Tensor, model: str, seed: int = 0, faults: FaultPlan | None = None) -> torch.Tensor:
+def reduce_all(
+    data: torch.Tensor, model: str, seed: int = 0, faults: FaultPlan | None = None
+) -> torch.Tensor:
     """all_reduce of ``data[r]`` over a flat world; every rank must agree bitwise."""
-    results = simdist.run(all_reduce_body, world_size=data.shape[0], reduction=model, seed=seed,
-                          faults=faults, timeout=TIMEOUT, args=(data, "world"))
+    results = simdist.run(
+        all_reduce_body,
+        world_size=data.shape[0],
+        reduction=model,
+        seed=seed,
+        faults=faults,
+        timeout=TIMEOUT,
+        args=(data, "world"),
+    )
     for other in results[1:]:
         assert same_bits(other, results[0])
     return results[0]
@@ -113,6 +128,7 @@ def adversarial_bf16(n: int, numel: int) -> torch.Tensor:
 
 # --- exact data: every model agrees -------------------------------------------------
 
+
 @settings(max_examples=8, deadline=None)
 @given(
     n=st.integers(2, 6),
@@ -120,7 +136,9 @@ def adversarial_bf16(n: int, numel: int) -> torch.Tensor:
     dtype=st.sampled_from([torch.float32, torch.float64]),
     seed=st.integers(0, 2**16),
 )
-def test_integer_valued_float_sums_agree_under_every_model(n: int, numel: int, dtype: torch.dtype, seed: int) -> None:
+def test_integer_valued_float_sums_agree_under_every_model(
+    n: int, numel: int, dtype: torch.dtype, seed: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     ints = torch.randint(-1000, 1001, (n, numel), generator=gen)
     exact = [sum(int(v) for v in ints[:, j]) for j in range(numel)]
@@ -131,6 +149,7 @@ def test_integer_valued_float_sums_agree_under_every_model(n: int, numel: int, d
 
 
 # --- bf16: each model is its documented order, and the orders differ ------------------
+
 
 @pytest.mark.parametrize("n, numel", [(4, 8), (4, 3), (5, 11), (8, 16)])
 def test_each_model_follows_its_documented_order_in_bf16(n: int, numel: int) -> None:
@@ -168,7 +187,9 @@ def test_models_run_in_group_rank_order_on_a_sub_group() -> None:
     layout = Layout(tp=2, dp=4)
     data = adversarial_bf16(layout.world_size, 6)
     for model, reference in REFERENCES.items():
-        results = simdist.run(all_reduce_body, layout=layout, reduction=model, timeout=TIMEOUT, args=(data, "dp"))
+        results = simdist.run(
+            all_reduce_body, layout=layout, reduction=model, timeout=TIMEOUT, args=(data, "dp")
+        )
         for rank, got in enumerate(results):
             members = layout.group_of("dp", rank)
             assert same_bits(got, reference([data[m] for m in members])), (model, rank)
@@ -184,11 +205,14 @@ def test_a_model_instance_is_accepted_and_unknown_names_refused() -> None:
 
 # --- arrival order never matters ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("model", MODELS)
 def test_results_do_not_depend_on_arrival_order(model: str) -> None:
     n = 4
     data = adversarial_bf16(n, 8)
     baseline = reduce_all(data, model, seed=5)
     for late in (0, n - 1):
-        delayed = reduce_all(data, model, seed=5, faults=FaultPlan.delay(rank=late, seconds=0.05, op="all_reduce"))
+        delayed = reduce_all(
+            data, model, seed=5, faults=FaultPlan.delay(rank=late, seconds=0.05, op="all_reduce")
+        )
         assert same_bits(delayed, baseline), (model, late)

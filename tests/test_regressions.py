@@ -41,8 +41,10 @@ def test_case_still_fails_under_the_mutant_that_it_caught(path):
     name = read_case(path).found["mutant"]
     undo = mutants.apply(name)
     try:
-        with pytest.raises(Exception) as info:  # noqa: B017 - any failure of the property
+        with pytest.raises(Exception) as info:
             replay_case(path, root=ROOT)
     finally:
         undo()
-    assert not isinstance(info.value, CaseFileError), f"mutant {name}: the case could not be replayed: {info.value}"
+    assert not isinstance(info.value, CaseFileError), (
+        f"mutant {name}: the case could not be replayed: {info.value}"
+    )

@@ -157,11 +157,13 @@ def leave_chain_body(ctx: simdist.RankContext) -> None:
 @pytest.mark.parametrize("schedule,seed", [("rank", 0), ("random", 1), ("random", 2), ("random", 3)])
 def test_a_rank_that_leaves_while_peers_wait_on_it_is_a_deadlock(schedule: str, seed: int) -> None:
     with pytest.raises(simdist.DeadlockError) as info:
-        simdist.run(leave_chain_body, world_size=6, schedule=schedule, schedule_seed=seed,
-                    timeout=TIMEOUT)
+        simdist.run(leave_chain_body, world_size=6, schedule=schedule, schedule_seed=seed, timeout=TIMEOUT)
     message = str(info.value)
-    assert re.search(r"  rank 0 \(rank 0 of 6\): waiting in all_reduce on group \w+ \[0, 5\] seq 0; "
-                     r"still missing rank\(s\) \[5\]\n", message), message
+    assert re.search(
+        r"  rank 0 \(rank 0 of 6\): waiting in all_reduce on group \w+ \[0, 5\] seq 0; "
+        r"still missing rank\(s\) \[5\]\n",
+        message,
+    ), message
     assert "  rank 5 (rank 5 of 6): finished\n" in message
     if schedule == "rank":  # 0, 1, 2 wait, 3 returns, 4 waits, 5 wakes 4 and leaves
         assert "deadlock: rank(s) [0] wait on a peer that has already finished" in message
@@ -171,8 +173,10 @@ def test_a_rank_that_leaves_while_peers_wait_on_it_is_a_deadlock(schedule: str, 
 def test_the_world_rank_map_is_the_identity_on_every_rank() -> None:
     def body(ctx: simdist.RankContext) -> tuple[list[int], list[int]]:
         world = dist.group.WORLD
-        return (dist.get_process_group_ranks(world),
-                [dist.get_global_rank(world, r) for r in range(ctx.world_size)])
+        return (
+            dist.get_process_group_ranks(world),
+            [dist.get_global_rank(world, r) for r in range(ctx.world_size)],
+        )
 
     for got in simdist.run(body, world_size=5, timeout=TIMEOUT):
         assert got == (list(range(5)), list(range(5)))

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
+from soft_ce_reference import reference_stats
 
 from draft_loss import projected_soft_cross_entropy, soft_cross_entropy
-from soft_ce_reference import reference_stats
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GOLDEN = json.loads((FIXTURES / "soft_ce_golden.json").read_text())
@@ -37,7 +37,13 @@ def soft_inputs(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_fixture_covers_the_paths_it_should() -> None:
-    assert {"single-bin-bool-mask", "bins-weights-float-mask", "all-zero-mask", "large-logits", "projected"} <= set(CASES)
+    assert {
+        "single-bin-bool-mask",
+        "bins-weights-float-mask",
+        "all-zero-mask",
+        "large-logits",
+        "projected",
+    } <= set(CASES)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 1000], ids=["chunk1", "chunk2", "cached"])
@@ -47,8 +53,13 @@ def test_soft_cross_entropy_reproduces_golden_values(name: str, chunk: int) -> N
     expected = CASES[name]["expected"]
     student = inputs["student"].clone().requires_grad_(True)
     stats = soft_cross_entropy(
-        student, inputs["teacher"], inputs["mask"], tp_group=None, token_chunk_size=chunk,
-        bin_ids=inputs["bin_ids"], weights=inputs["weights"],
+        student,
+        inputs["teacher"],
+        inputs["mask"],
+        tp_group=None,
+        token_chunk_size=chunk,
+        bin_ids=inputs["bin_ids"],
+        weights=inputs["weights"],
     )
     torch.testing.assert_close(stats.numerators, tensor(expected["numerators"]), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(stats.counts, tensor(expected["counts"]), rtol=0, atol=0)
@@ -64,11 +75,18 @@ def test_float32_path_stays_near_golden_values(name: str) -> None:
     inputs = soft_inputs(CASES[name])
     expected = CASES[name]["expected"]
     stats = soft_cross_entropy(
-        inputs["student"].float(), inputs["teacher"].float(), inputs["mask"], tp_group=None, token_chunk_size=2,
-        bin_ids=inputs["bin_ids"], weights=None if inputs["weights"] is None else inputs["weights"].float(),
+        inputs["student"].float(),
+        inputs["teacher"].float(),
+        inputs["mask"],
+        tp_group=None,
+        token_chunk_size=2,
+        bin_ids=inputs["bin_ids"],
+        weights=None if inputs["weights"] is None else inputs["weights"].float(),
     )
     # Logits up to ~200 in "large-logits": float32 keeps about 1e-5 of them.
-    torch.testing.assert_close(stats.numerators.double(), tensor(expected["numerators"]), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        stats.numerators.double(), tensor(expected["numerators"]), rtol=1e-5, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("chunk", [2, 1000], ids=["streaming", "cached"])
@@ -78,8 +96,13 @@ def test_projected_reproduces_golden_values(chunk: int) -> None:
     hidden = tensor(inputs["student_hidden"]).requires_grad_(True)
     weight = tensor(inputs["output_weight"]).requires_grad_(True)
     stats = projected_soft_cross_entropy(
-        hidden, weight, tensor(inputs["teacher_logits"]), tensor(inputs["mask"], torch.bool),
-        tp_group=None, token_chunk_size=chunk, bin_ids=tensor(inputs["bin_ids"], torch.int64),
+        hidden,
+        weight,
+        tensor(inputs["teacher_logits"]),
+        tensor(inputs["mask"], torch.bool),
+        tp_group=None,
+        token_chunk_size=chunk,
+        bin_ids=tensor(inputs["bin_ids"], torch.int64),
     )
     torch.testing.assert_close(stats.numerators, tensor(expected["numerators"]), rtol=1e-12, atol=1e-12)
     (tensor(inputs["upstream"]) * stats.numerators).sum().backward()
@@ -91,8 +114,12 @@ def test_projected_reproduces_golden_values(chunk: int) -> None:
 def test_reference_still_produces_the_goldens(name: str) -> None:
     # If this fails, the reference changed: the goldens were made from it.
     inputs = soft_inputs(CASES[name])
-    ref = reference_stats(inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
-    torch.testing.assert_close(ref.numerators, tensor(CASES[name]["expected"]["numerators"]), rtol=1e-13, atol=1e-13)
+    ref = reference_stats(
+        inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
+    torch.testing.assert_close(
+        ref.numerators, tensor(CASES[name]["expected"]["numerators"]), rtol=1e-13, atol=1e-13
+    )
 
 
 def test_generator_script_still_reproduces_the_fixture() -> None:
@@ -107,4 +134,6 @@ def test_generator_script_still_reproduces_the_fixture() -> None:
         if case["inputs"] != golden["inputs"]:
             continue  # torch's generator changed: the stored inputs stay authoritative
         for key, values in case["expected"].items():
-            torch.testing.assert_close(tensor(values), tensor(golden["expected"][key]), rtol=1e-12, atol=1e-13)
+            torch.testing.assert_close(
+                tensor(values), tensor(golden["expected"][key]), rtol=1e-12, atol=1e-13
+            )

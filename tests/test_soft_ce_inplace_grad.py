@@ -17,18 +17,20 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from soft_ce_reference import reference_gradient, reference_stats
 
 import simdist
 from draft_loss import soft_cross_entropy
 from simdist import Layout
-from soft_ce_reference import reference_gradient, reference_stats
 
 EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 TIMEOUT_S = 30.0
 
 
-def make_case(seed: int, leading: tuple[int, ...], vocab: int, dtype: torch.dtype, num_bins: int = 3) -> dict[str, Any]:
+def make_case(
+    seed: int, leading: tuple[int, ...], vocab: int, dtype: torch.dtype, num_bins: int = 3
+) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     mask = (torch.rand(leading, generator=generator) < 0.7).float()
     mask[torch.rand(leading, generator=generator) < 0.3] *= 0.5  # some fractional weights
@@ -46,7 +48,9 @@ def loss_of(stats: Any, upstream: torch.Tensor) -> torch.Tensor:
     return (stats.numerators * upstream.to(stats.numerators.dtype)).sum()
 
 
-def run_mode(case: dict[str, Any], chunk: int, overwrite: bool, tp_group: Any = None) -> dict[str, torch.Tensor]:
+def run_mode(
+    case: dict[str, Any], chunk: int, overwrite: bool, tp_group: Any = None
+) -> dict[str, torch.Tensor]:
     """One forward+backward. In overwrite mode the logits are a non-leaf (as an
     LM head's output is): a clone of the leaf, whose backward hands the
     gradient through unchanged."""
@@ -55,13 +59,21 @@ def run_mode(case: dict[str, Any], chunk: int, overwrite: bool, tp_group: Any = 
     flowing: list[torch.Tensor] = []
     logits.register_hook(flowing.append)  # the gradient tensor autograd hands on, to see its storage
     stats = soft_cross_entropy(
-        logits, case["teacher"], case["mask"], tp_group=tp_group, token_chunk_size=chunk,
-        bin_ids=case["bin_ids"], weights=case["weights"], overwrite_student_with_grad=overwrite,
+        logits,
+        case["teacher"],
+        case["mask"],
+        tp_group=tp_group,
+        token_chunk_size=chunk,
+        bin_ids=case["bin_ids"],
+        weights=case["weights"],
+        overwrite_student_with_grad=overwrite,
     )
     loss_of(stats, case["upstream"]).backward()
     assert leaf.grad is not None and len(flowing) == 1
     return dict(
-        numerators=stats.numerators.detach(), grad=leaf.grad, logits_after=logits.detach(),
+        numerators=stats.numerators.detach(),
+        grad=leaf.grad,
+        logits_after=logits.detach(),
         same_storage=torch.tensor(flowing[0].data_ptr() == logits.data_ptr()),
     )
 
@@ -87,7 +99,10 @@ def assert_matches_reference(case: dict[str, Any], grad: torch.Tensor) -> None:
     logit_size = float(case["student"].double().abs().max() + case["teacher"].double().abs().max()) + 1.0
     grad_size = float(case["upstream"].abs().max())
     torch.testing.assert_close(
-        grad.double(), expected, rtol=2 * EPS[dtype], atol=4 * work_eps * logit_size * grad_size + 4e-4 * EPS[dtype]
+        grad.double(),
+        expected,
+        rtol=2 * EPS[dtype],
+        atol=4 * work_eps * logit_size * grad_size + 4e-4 * EPS[dtype],
     )
 
 
@@ -117,7 +132,9 @@ def test_gradient_is_the_default_modes_bit_for_bit_and_matches_the_reference(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("chunk", [3, 64], ids=["streaming", "cached"])
-def test_lm_head_logits_give_the_default_modes_weight_and_hidden_gradients(dtype: torch.dtype, chunk: int) -> None:
+def test_lm_head_logits_give_the_default_modes_weight_and_hidden_gradients(
+    dtype: torch.dtype, chunk: int
+) -> None:
     # The intended use: logits straight from the head, whose backward needs
     # only its input and weight, never the logits.
     generator = torch.Generator().manual_seed(5)
@@ -130,7 +147,12 @@ def test_lm_head_logits_give_the_default_modes_weight_and_hidden_gradients(dtype
         h = hidden.clone().requires_grad_(True)
         w = weight.clone().requires_grad_(True)
         stats = soft_cross_entropy(
-            h @ w.T, teacher, mask, tp_group=None, token_chunk_size=chunk, overwrite_student_with_grad=overwrite
+            h @ w.T,
+            teacher,
+            mask,
+            tp_group=None,
+            token_chunk_size=chunk,
+            overwrite_student_with_grad=overwrite,
         )
         stats.normalized(stats.counts).backward()
         grads.append((h.grad, w.grad))
@@ -147,12 +169,18 @@ def test_backward_allocates_no_second_vocab_sized_buffer(chunk: int) -> None:
         leaf = case["student"].clone().requires_grad_(True)
         logits = leaf.clone() if overwrite else leaf
         stats = soft_cross_entropy(
-            logits, case["teacher"], case["mask"], tp_group=None, token_chunk_size=chunk,
+            logits,
+            case["teacher"],
+            case["mask"],
+            tp_group=None,
+            token_chunk_size=chunk,
             overwrite_student_with_grad=overwrite,
         )
         loss = stats.numerators.sum()
         # Only the loss's own backward: a clone's backward allocates nothing either.
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
             torch.autograd.grad(loss, logits)
         return max((event.cpu_memory_usage for event in prof.events()), default=0)
 
@@ -169,7 +197,12 @@ def test_non_contiguous_logits_are_copied_and_left_as_they_were() -> None:
     logits = made.t()  # [T, V], not contiguous
     before = logits.detach().clone()
     stats = soft_cross_entropy(
-        logits, case["teacher"], case["mask"], tp_group=None, token_chunk_size=4, overwrite_student_with_grad=True
+        logits,
+        case["teacher"],
+        case["mask"],
+        tp_group=None,
+        token_chunk_size=4,
+        overwrite_student_with_grad=True,
     )
     stats.numerators.sum().backward()
     assert torch.equal(logits.detach(), before)
@@ -203,7 +236,11 @@ def test_overlapping_rows_get_each_their_own_gradient() -> None:
 
 def call(student: torch.Tensor, teacher: torch.Tensor, chunk: int = 2, overwrite: Any = True) -> Any:
     return soft_cross_entropy(
-        student, teacher, torch.ones(student.shape[:-1]), tp_group=None, token_chunk_size=chunk,
+        student,
+        teacher,
+        torch.ones(student.shape[:-1]),
+        tp_group=None,
+        token_chunk_size=chunk,
         overwrite_student_with_grad=overwrite,
     )
 
@@ -212,7 +249,10 @@ def call(student: torch.Tensor, teacher: torch.Tensor, chunk: int = 2, overwrite
     ("make", "pattern"),
     [
         (lambda leaf: leaf, r"student_logits are a leaf tensor that requires grad \(shape \(4, 6\)\)"),
-        (lambda leaf: leaf[:, :3], r"student_logits are a view of a leaf tensor that requires grad \(shape \(4, 6\)\)"),
+        (
+            lambda leaf: leaf[:, :3],
+            r"student_logits are a view of a leaf tensor that requires grad \(shape \(4, 6\)\)",
+        ),
         (lambda leaf: leaf.view(2, 2, 6), r"are a view of a leaf tensor that requires grad"),
     ],
     ids=["leaf", "slice-of-leaf", "view-of-leaf"],
@@ -221,7 +261,9 @@ def test_a_leaf_that_requires_grad_is_refused_before_anything_is_computed(make: 
     leaf = torch.randn(4, 6, requires_grad=True)
     before = leaf.detach().clone()
     student = make(leaf)
-    with pytest.raises(ValueError, match="^soft_cross_entropy: overwrite_student_with_grad=True .*" + pattern):
+    with pytest.raises(
+        ValueError, match="^soft_cross_entropy: overwrite_student_with_grad=True .*" + pattern
+    ):
         call(student, torch.randn(student.shape))
     assert torch.equal(leaf.detach(), before)
     call(student, torch.randn(student.shape), overwrite=False)  # the default mode takes it
@@ -237,7 +279,9 @@ def test_teacher_sharing_the_students_storage_is_refused() -> None:
 
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_the_flag_must_be_a_bool(value: Any) -> None:
-    with pytest.raises(TypeError, match=r"overwrite_student_with_grad must be a bool, got " + type(value).__name__):
+    with pytest.raises(
+        TypeError, match=r"overwrite_student_with_grad must be a bool, got " + type(value).__name__
+    ):
         call(torch.randn(4, 6), torch.randn(4, 6), overwrite=value)
 
 
@@ -247,7 +291,9 @@ def test_logits_modified_after_forward_are_refused_in_backward(chunk: int) -> No
     stats = call(logits, torch.randn(4, 6), chunk)
     with torch.no_grad():
         logits.add_(1.0)
-    with pytest.raises(RuntimeError, match=r"logits saved for backward changed between forward and this backward"):
+    with pytest.raises(
+        RuntimeError, match=r"logits saved for backward changed between forward and this backward"
+    ):
         stats.numerators.sum().backward()
 
 
@@ -274,7 +320,9 @@ def test_two_overwriting_losses_on_the_same_logits_are_refused(chunk: int) -> No
     logits = torch.randn(4, 6, requires_grad=True) * 1
     first = call(logits, torch.randn(4, 6), chunk).numerators.sum()
     second = call(logits, torch.randn(4, 6), chunk).numerators.sum()
-    with pytest.raises(RuntimeError, match=r"logits saved for backward changed between forward and this backward"):
+    with pytest.raises(
+        RuntimeError, match=r"logits saved for backward changed between forward and this backward"
+    ):
         (first + second).backward()
 
 
@@ -291,10 +339,15 @@ def test_another_op_that_saved_the_logits_is_stopped_by_autograds_version_check(
 # --------------------------------------------------------- tensor parallel
 
 
-def tp_body(ctx: simdist.RankContext, case: dict[str, Any], sizes: list[int], chunk: int) -> list[torch.Tensor]:
+def tp_body(
+    ctx: simdist.RankContext, case: dict[str, Any], sizes: list[int], chunk: int
+) -> list[torch.Tensor]:
     rank = ctx.coords.tp
     start = sum(sizes[:rank])
-    shard = {k: (t[..., start : start + sizes[rank]] if k in ("student", "teacher") else t) for k, t in case.items()}
+    shard = {
+        k: (t[..., start : start + sizes[rank]] if k in ("student", "teacher") else t)
+        for k, t in case.items()
+    }
     default = run_mode(shard, chunk, overwrite=False, tp_group=ctx.groups.tp)
     overwrite = run_mode(shard, chunk, overwrite=True, tp_group=ctx.groups.tp)
     return [default["grad"], overwrite["grad"], overwrite["logits_after"], overwrite["numerators"]]
@@ -308,7 +361,10 @@ def test_tensor_parallel_shards_get_the_default_modes_gradient(
 ) -> None:
     case = make_case(len(sizes) + chunk, (2, 5), sum(sizes), dtype)
     results = simdist.run(
-        tp_body, layout=Layout(tp=len(sizes)), kwargs=dict(case=case, sizes=sizes, chunk=chunk), timeout=TIMEOUT_S
+        tp_body,
+        layout=Layout(tp=len(sizes)),
+        kwargs=dict(case=case, sizes=sizes, chunk=chunk),
+        timeout=TIMEOUT_S,
     )
     for default_grad, overwrite_grad, logits_after, _ in results:
         assert torch.equal(overwrite_grad, default_grad) and torch.equal(logits_after, default_grad)
@@ -325,8 +381,12 @@ def refused_on_one_rank_body(ctx: simdist.RankContext) -> None:
     if ctx.coords.tp != 1:
         student = student * 1  # a non-leaf: fine
     soft_cross_entropy(
-        student, torch.randn(3, 4, generator=generator), torch.ones(3), tp_group=ctx.groups.tp,
-        token_chunk_size=2, overwrite_student_with_grad=True,
+        student,
+        torch.randn(3, 4, generator=generator),
+        torch.ones(3),
+        tp_group=ctx.groups.tp,
+        token_chunk_size=2,
+        overwrite_student_with_grad=True,
     )
 
 
@@ -338,4 +398,6 @@ def test_a_leaf_on_one_tp_rank_is_refused_on_every_rank() -> None:
     assert len({str(failure) for failure in failures.values()}) == 1
     for failure in failures.values():
         assert type(failure) is ValueError
-        assert re.search(r"student_logits are a leaf tensor that requires grad .*\[TP rank 1 of 3", str(failure))
+        assert re.search(
+            r"student_logits are a leaf tensor that requires grad .*\[TP rank 1 of 3", str(failure)
+        )

@@ -15,10 +15,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from soft_ce_reference import reference_gradient, reference_stats, token_cross_entropy
 
 import draft_loss.soft_ce
 from draft_loss import DraftLossStats, align_for_draft, projected_soft_cross_entropy, soft_cross_entropy
-from soft_ce_reference import reference_gradient, reference_stats, token_cross_entropy
 
 # Relative spacing of each dtype: the student gradient comes back rounded to it.
 EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
@@ -50,7 +50,9 @@ def cases(draw: st.DrawFn, dtype: torch.dtype, min_tokens: int = 1) -> Case:
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
 
     def logits() -> torch.Tensor:
-        return (torch.randn(*leading, vocab, generator=generator, dtype=torch.float64) * scale + offset).to(dtype)
+        return (torch.randn(*leading, vocab, generator=generator, dtype=torch.float64) * scale + offset).to(
+            dtype
+        )
 
     mask_kind = draw(st.sampled_from(["bool", "float", "zeros", "ones", "int"]))
     if mask_kind == "bool":
@@ -85,8 +87,13 @@ def cases(draw: st.DrawFn, dtype: torch.dtype, min_tokens: int = 1) -> Case:
 def run_case(case: Case, token_chunk_size: int) -> tuple[DraftLossStats, torch.Tensor]:
     student = case.student.clone().requires_grad_(True)
     stats = soft_cross_entropy(
-        student, case.teacher, case.mask, tp_group=None, token_chunk_size=token_chunk_size,
-        bin_ids=case.bin_ids, weights=case.weights,
+        student,
+        case.teacher,
+        case.mask,
+        tp_group=None,
+        token_chunk_size=token_chunk_size,
+        bin_ids=case.bin_ids,
+        weights=case.weights,
     )
     (stats.numerators * case.upstream.to(stats.numerators.dtype)).sum().backward()
     assert student.grad is not None
@@ -100,17 +107,28 @@ def assert_matches_reference(case: Case, stats: DraftLossStats, grad: torch.Tens
     # Work is float32 (float64 for float64 inputs) on exactly representable inputs.
     work_eps = EPS[torch.float64 if dtype == torch.float64 else torch.float32]
     logit_size = float(case.student.double().abs().max()) + float(case.teacher.double().abs().max()) + 1.0
-    tolerance = 8 * work_eps * logit_size * (1.0 + float(case.mask.double().sum())) * math.sqrt(case.student.shape[-1])
+    tolerance = (
+        8
+        * work_eps
+        * logit_size
+        * (1.0 + float(case.mask.double().sum()))
+        * math.sqrt(case.student.shape[-1])
+    )
     torch.testing.assert_close(stats.numerators.double(), ref.numerators, rtol=0, atol=tolerance)
     # Counts of float masks are summed in float32.
     count_tolerance = 2 * work_eps * (1.0 + float(case.mask.double().sum()))
     torch.testing.assert_close(stats.counts.double(), ref.counts, rtol=0, atol=count_tolerance)
     torch.testing.assert_close(stats.weights.double(), ref.weights, rtol=0, atol=0)
-    expected_grad = reference_gradient(case.student, case.teacher, case.mask, case.upstream, case.bin_ids, case.weights)
+    expected_grad = reference_gradient(
+        case.student, case.teacher, case.mask, case.upstream, case.bin_ids, case.weights
+    )
     assert grad.dtype == dtype and grad.shape == case.student.shape
     grad_size = float(case.upstream.abs().max()) * float(case.mask.double().abs().max().clamp(min=1))
     torch.testing.assert_close(
-        grad.double(), expected_grad, rtol=2 * EPS[dtype], atol=4 * work_eps * logit_size * grad_size + 4e-4 * EPS[dtype]
+        grad.double(),
+        expected_grad,
+        rtol=2 * EPS[dtype],
+        atol=4 * work_eps * logit_size * grad_size + 4e-4 * EPS[dtype],
     )
 
 
@@ -189,7 +207,9 @@ def test_gradcheck_float64(chunk: int) -> None:
         ).numerators
 
     def normalized(x: torch.Tensor) -> torch.Tensor:
-        stats = soft_cross_entropy(x, teacher, mask, tp_group=None, token_chunk_size=chunk, bin_ids=bin_ids, weights=weights)
+        stats = soft_cross_entropy(
+            x, teacher, mask, tp_group=None, token_chunk_size=chunk, bin_ids=bin_ids, weights=weights
+        )
         return stats.normalized(stats.counts + 1.0)
 
     assert torch.autograd.gradcheck(numerators, (student,))
@@ -206,14 +226,18 @@ def test_projected_gradcheck_float64(chunk: int) -> None:
     bin_ids = torch.tensor([0, 1, 1, 0, 1, 0, 1])
 
     def numerators(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return projected_soft_cross_entropy(h, w, teacher, mask, tp_group=None, token_chunk_size=chunk, bin_ids=bin_ids).numerators
+        return projected_soft_cross_entropy(
+            h, w, teacher, mask, tp_group=None, token_chunk_size=chunk, bin_ids=bin_ids
+        ).numerators
 
     assert torch.autograd.gradcheck(numerators, (hidden, weight))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
-    ("chunk", "block_elements"), [(1, None), (4, None), (4, 13), (64, None)], ids=["chunk1", "chunk4", "chunk4-blocks", "cached"]
+    ("chunk", "block_elements"),
+    [(1, None), (4, None), (4, 13), (64, None)],
+    ids=["chunk1", "chunk4", "chunk4-blocks", "cached"],
 )
 def test_projected_matches_reference(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, chunk: int, block_elements: int | None
@@ -244,7 +268,9 @@ def test_projected_matches_reference(
 
     # bf16 logits are rounded to bf16 by the head's matmul, as a bf16 model's would be.
     tolerance = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 6e-2}[dtype]
-    torch.testing.assert_close(stats.numerators.double(), ref.numerators.detach(), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(
+        stats.numerators.double(), ref.numerators.detach(), rtol=tolerance, atol=tolerance
+    )
     torch.testing.assert_close(stats.counts.double(), ref.counts)
     assert h.grad is not None and w.grad is not None
     assert h.grad.dtype == dtype and w.grad.dtype == dtype
@@ -266,7 +292,9 @@ def test_gradient_comes_back_in_student_dtype(dtype: torch.dtype, chunk: int) ->
 @pytest.mark.parametrize("chunk", [1, 3, 64], ids=["chunk1", "chunk3", "cached"])
 def test_all_zero_mask_gives_zero_statistics_loss_and_gradient(chunk: int) -> None:
     student = torch.randn(2, 3, 8, requires_grad=True)
-    stats = soft_cross_entropy(student, torch.randn(2, 3, 8), torch.zeros(2, 3), tp_group=None, token_chunk_size=chunk)
+    stats = soft_cross_entropy(
+        student, torch.randn(2, 3, 8), torch.zeros(2, 3), tp_group=None, token_chunk_size=chunk
+    )
     assert stats.numerators.tolist() == [0.0] and stats.counts.tolist() == [0.0]
     loss = stats.normalized()
     assert loss.item() == 0.0
@@ -296,14 +324,19 @@ def _poisoned(where: str, value: float) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 NON_FINITE = [
-    ("student", math.nan), ("student", math.inf), ("student", -math.inf),
-    ("teacher", math.nan), ("teacher", math.inf),
+    ("student", math.nan),
+    ("student", math.inf),
+    ("student", -math.inf),
+    ("teacher", math.nan),
+    ("teacher", math.inf),
 ]
 
 
 @pytest.mark.parametrize("chunk", [2, 64], ids=["streaming", "cached"])
 @pytest.mark.parametrize(("where", "value"), NON_FINITE, ids=[f"{w}{v}" for w, v in NON_FINITE])
-def test_non_finite_logit_in_a_counted_token_makes_its_bin_non_finite(where: str, value: float, chunk: int) -> None:
+def test_non_finite_logit_in_a_counted_token_makes_its_bin_non_finite(
+    where: str, value: float, chunk: int
+) -> None:
     student, teacher, mask = _poisoned(where, value)
     bin_ids = torch.tensor([0, 0, 1, 1, 2, 2])  # the poisoned token (2) is in bin 1
     s = student.requires_grad_(True)
@@ -341,7 +374,9 @@ def test_non_finite_logits_of_masked_tokens_are_ignored(where: str, value: float
     clean = Case(student[keep], teacher[keep], mask[keep], None, None, case.upstream)
     ref = reference_stats(clean.student, clean.teacher, clean.mask)
     torch.testing.assert_close(stats.numerators.double(), ref.numerators, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad[keep].double(), reference_gradient(clean.student, clean.teacher, clean.mask, clean.upstream))
+    torch.testing.assert_close(
+        grad[keep].double(), reference_gradient(clean.student, clean.teacher, clean.mask, clean.upstream)
+    )
 
 
 def test_projected_masked_non_finite_hidden_does_not_reach_the_weight_gradient() -> None:
@@ -401,10 +436,18 @@ def test_detach_drops_history_and_keeps_values() -> None:
 def test_bin_count_follows_weights_or_the_largest_bin_id() -> None:
     student, teacher = torch.randn(4, 3), torch.randn(4, 3)
     bins = torch.tensor([0, 2, 2, 0])
-    by_ids = soft_cross_entropy(student, teacher, torch.ones(4), tp_group=None, token_chunk_size=4, bin_ids=bins)
+    by_ids = soft_cross_entropy(
+        student, teacher, torch.ones(4), tp_group=None, token_chunk_size=4, bin_ids=bins
+    )
     assert by_ids.counts.tolist() == [2.0, 0.0, 2.0]
     by_weights = soft_cross_entropy(
-        student, teacher, torch.ones(4), tp_group=None, token_chunk_size=4, bin_ids=bins, weights=torch.ones(5)
+        student,
+        teacher,
+        torch.ones(4),
+        tp_group=None,
+        token_chunk_size=4,
+        bin_ids=bins,
+        weights=torch.ones(5),
     )
     assert by_weights.counts.tolist() == [2.0, 0.0, 2.0, 0.0, 0.0]
 
@@ -414,7 +457,9 @@ def test_bin_count_follows_weights_or_the_largest_bin_id() -> None:
 
 @settings(max_examples=20, deadline=None)
 @given(batch=st.integers(1, 3), seq=st.integers(1, 6), vocab=st.integers(1, 4), seed=st.integers(0, 2**16))
-def test_align_for_draft_rolls_left_by_one_and_zeroes_the_last_slot(batch: int, seq: int, vocab: int, seed: int) -> None:
+def test_align_for_draft_rolls_left_by_one_and_zeroes_the_last_slot(
+    batch: int, seq: int, vocab: int, seed: int
+) -> None:
     generator = torch.Generator().manual_seed(seed)
     teacher = torch.randn(batch, seq, vocab, generator=generator, requires_grad=True)
     token_mask = torch.rand(batch, seq, generator=generator) < 0.6

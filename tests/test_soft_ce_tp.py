@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+from soft_ce_reference import reference_gradient, reference_stats
 
 import simdist
 from draft_loss import projected_soft_cross_entropy, soft_cross_entropy
 from simdist import Layout
-from soft_ce_reference import reference_gradient, reference_stats
 
 TIMEOUT_S = 30.0
 TP_SIZES = [1, 2, 3, 4, 8]
@@ -41,7 +42,9 @@ def shard(values: torch.Tensor, sizes: list[int], rank: int) -> torch.Tensor:
     return values[..., start : start + sizes[rank]]
 
 
-def make_inputs(seed: int, leading: tuple[int, ...], vocab: int, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+def make_inputs(
+    seed: int, leading: tuple[int, ...], vocab: int, dtype: torch.dtype = torch.float64
+) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return dict(
         student=(torch.randn(*leading, vocab, generator=generator, dtype=torch.float64) * 3).to(dtype),
@@ -57,12 +60,19 @@ def run_tp(body: Callable[..., Any], tp: int, **kwargs: Any) -> list[Any]:
     return simdist.run(body, layout=Layout(tp=tp), kwargs=kwargs, timeout=TIMEOUT_S)
 
 
-def soft_ce_body(ctx: simdist.RankContext, inputs: dict[str, torch.Tensor], sizes: list[int], chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def soft_ce_body(
+    ctx: simdist.RankContext, inputs: dict[str, torch.Tensor], sizes: list[int], chunk: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rank = ctx.coords.tp
     student = shard(inputs["student"], sizes, rank).clone().requires_grad_(True)
     stats = soft_cross_entropy(
-        student, shard(inputs["teacher"], sizes, rank), inputs["mask"], tp_group=ctx.groups.tp,
-        token_chunk_size=chunk, bin_ids=inputs["bin_ids"], weights=inputs["weights"],
+        student,
+        shard(inputs["teacher"], sizes, rank),
+        inputs["mask"],
+        tp_group=ctx.groups.tp,
+        token_chunk_size=chunk,
+        bin_ids=inputs["bin_ids"],
+        weights=inputs["weights"],
     )
     (stats.numerators * inputs["upstream"].to(stats.numerators.dtype)).sum().backward()
     assert student.grad is not None
@@ -80,9 +90,16 @@ def test_tensor_parallel_equals_full_vocabulary_reference(tp: int, kind: str, ch
     inputs = make_inputs(seed=tp * 10 + len(kind), leading=(2, 5), vocab=vocab)
     results = run_tp(soft_ce_body, tp, inputs=inputs, sizes=sizes, chunk=chunk)
 
-    ref = reference_stats(inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
+    ref = reference_stats(
+        inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
     ref_grad = reference_gradient(
-        inputs["student"], inputs["teacher"], inputs["mask"], inputs["upstream"], inputs["bin_ids"], inputs["weights"]
+        inputs["student"],
+        inputs["teacher"],
+        inputs["mask"],
+        inputs["upstream"],
+        inputs["bin_ids"],
+        inputs["weights"],
     )
     for numerators, counts, _ in results:
         # Every TP rank reports the same (global) statistics, bit for bit.
@@ -97,9 +114,16 @@ def test_tensor_parallel_bfloat16_matches_single_rank_within_its_precision() -> 
     sizes = shard_sizes(37, 4, "uneven")
     inputs = make_inputs(seed=99, leading=(3, 4), vocab=37, dtype=torch.bfloat16)
     results = run_tp(soft_ce_body, 4, inputs=inputs, sizes=sizes, chunk=5)
-    ref = reference_stats(inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
+    ref = reference_stats(
+        inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
     ref_grad = reference_gradient(
-        inputs["student"], inputs["teacher"], inputs["mask"], inputs["upstream"], inputs["bin_ids"], inputs["weights"]
+        inputs["student"],
+        inputs["teacher"],
+        inputs["mask"],
+        inputs["upstream"],
+        inputs["bin_ids"],
+        inputs["weights"],
     )
     assert results[0][0].dtype == torch.float32
     torch.testing.assert_close(results[0][0].double(), ref.numerators, rtol=1e-5, atol=1e-4)
@@ -109,16 +133,26 @@ def test_tensor_parallel_bfloat16_matches_single_rank_within_its_precision() -> 
 
 
 def projected_body(
-    ctx: simdist.RankContext, hidden: torch.Tensor, weight: torch.Tensor, inputs: dict[str, torch.Tensor],
-    sizes: list[int], chunk: int,
+    ctx: simdist.RankContext,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    sizes: list[int],
+    chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rank = ctx.coords.tp
     start = sum(sizes[:rank])
     h = hidden.clone().requires_grad_(True)
     w = weight[start : start + sizes[rank]].clone().requires_grad_(True)
     stats = projected_soft_cross_entropy(
-        h, w, shard(inputs["teacher"], sizes, rank), inputs["mask"], tp_group=ctx.groups.tp,
-        token_chunk_size=chunk, bin_ids=inputs["bin_ids"], weights=inputs["weights"],
+        h,
+        w,
+        shard(inputs["teacher"], sizes, rank),
+        inputs["mask"],
+        tp_group=ctx.groups.tp,
+        token_chunk_size=chunk,
+        bin_ids=inputs["bin_ids"],
+        weights=inputs["weights"],
     )
     (stats.numerators * inputs["upstream"].to(stats.numerators.dtype)).sum().backward()
     assert h.grad is not None and w.grad is not None
@@ -134,11 +168,15 @@ def test_projected_tensor_parallel_equals_full_vocabulary_reference(tp: int, kin
     generator = torch.Generator().manual_seed(tp)
     hidden = torch.randn(2, 6, hidden_size, generator=generator, dtype=torch.float64)
     weight = torch.randn(vocab, hidden_size, generator=generator, dtype=torch.float64)
-    results = run_tp(projected_body, tp, hidden=hidden, weight=weight, inputs=inputs, sizes=sizes, chunk=chunk)
+    results = run_tp(
+        projected_body, tp, hidden=hidden, weight=weight, inputs=inputs, sizes=sizes, chunk=chunk
+    )
 
     h64 = hidden.clone().requires_grad_(True)
     w64 = weight.clone().requires_grad_(True)
-    ref = reference_stats(h64 @ w64.t(), inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
+    ref = reference_stats(
+        h64 @ w64.t(), inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
     ref_h, ref_w = torch.autograd.grad((inputs["upstream"].double() * ref.numerators).sum(), (h64, w64))
     for numerators, grad_hidden, _ in results:
         torch.testing.assert_close(numerators, ref.numerators.detach(), rtol=1e-12, atol=1e-12)
@@ -158,7 +196,9 @@ def test_tp_groups_inside_a_larger_layout_use_their_own_data() -> None:
     results = simdist.run(body, layout=Layout(tp=2, dp=2), timeout=TIMEOUT_S)
     for rank, numerators in enumerate(results):
         batch = batches[Layout(tp=2, dp=2).coords(rank).dp]
-        ref = reference_stats(batch["student"], batch["teacher"], batch["mask"], batch["bin_ids"], batch["weights"])
+        ref = reference_stats(
+            batch["student"], batch["teacher"], batch["mask"], batch["bin_ids"], batch["weights"]
+        )
         torch.testing.assert_close(numerators, ref.numerators, rtol=1e-12, atol=1e-12)
 
 
@@ -181,13 +221,22 @@ def test_teacher_shard_of_minus_infinity_on_one_rank_is_probability_zero() -> No
     inputs["teacher"][:, :1] = -math.inf
     inputs["teacher"][2, :6] = -math.inf  # token 2: the first two shards entirely
     results = run_tp(soft_ce_body, 3, inputs=inputs, sizes=sizes, chunk=2)
-    ref = reference_stats(inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
+    ref = reference_stats(
+        inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
     ref_grad = reference_gradient(
-        inputs["student"], inputs["teacher"], inputs["mask"], inputs["upstream"], inputs["bin_ids"], inputs["weights"]
+        inputs["student"],
+        inputs["teacher"],
+        inputs["mask"],
+        inputs["upstream"],
+        inputs["bin_ids"],
+        inputs["weights"],
     )
     assert torch.isfinite(ref.numerators).all()
     torch.testing.assert_close(results[0][0], ref.numerators, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(torch.cat([g for _, _, g in results], dim=-1), ref_grad, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        torch.cat([g for _, _, g in results], dim=-1), ref_grad, rtol=1e-12, atol=1e-14
+    )
 
 
 def test_row_blocks_under_tensor_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,12 +246,21 @@ def test_row_blocks_under_tensor_parallelism(monkeypatch: pytest.MonkeyPatch) ->
     sizes = shard_sizes(19, 4, "uneven")
     inputs = make_inputs(seed=21, leading=(3, 5), vocab=19)
     results = run_tp(soft_ce_body, 4, inputs=inputs, sizes=sizes, chunk=4)
-    ref = reference_stats(inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"])
+    ref = reference_stats(
+        inputs["student"], inputs["teacher"], inputs["mask"], inputs["bin_ids"], inputs["weights"]
+    )
     ref_grad = reference_gradient(
-        inputs["student"], inputs["teacher"], inputs["mask"], inputs["upstream"], inputs["bin_ids"], inputs["weights"]
+        inputs["student"],
+        inputs["teacher"],
+        inputs["mask"],
+        inputs["upstream"],
+        inputs["bin_ids"],
+        inputs["weights"],
     )
     torch.testing.assert_close(results[0][0], ref.numerators, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(torch.cat([g for _, _, g in results], dim=-1), ref_grad, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        torch.cat([g for _, _, g in results], dim=-1), ref_grad, rtol=1e-12, atol=1e-14
+    )
 
 
 # ----------------------------------------------------------- bad input under TP
@@ -212,9 +270,13 @@ def bad_input_body(ctx: simdist.RankContext, vocab: int, bad_ranks: tuple[int, .
     rank = ctx.coords.tp
     inputs = make_inputs(seed=3, leading=(2, 3), vocab=vocab * ctx.layout.tp)  # type: ignore[union-attr]
     arguments: dict[str, Any] = dict(
-        student_logits=inputs["student"][..., :vocab], teacher_logits=inputs["teacher"][..., :vocab],
-        mask=inputs["mask"], tp_group=ctx.groups.tp, token_chunk_size=2,
-        bin_ids=inputs["bin_ids"], weights=inputs["weights"],
+        student_logits=inputs["student"][..., :vocab],
+        teacher_logits=inputs["teacher"][..., :vocab],
+        mask=inputs["mask"],
+        tp_group=ctx.groups.tp,
+        token_chunk_size=2,
+        bin_ids=inputs["bin_ids"],
+        weights=inputs["weights"],
     )
     function: Callable[..., Any] = soft_cross_entropy
     if rank in bad_ranks:
@@ -227,7 +289,12 @@ def bad_input_body(ctx: simdist.RankContext, vocab: int, bad_ranks: tuple[int, .
         arguments.pop("student_logits")
         function(hidden, weight, arguments.pop("teacher_logits"), arguments.pop("mask"), **arguments)
     else:
-        function(arguments.pop("student_logits"), arguments.pop("teacher_logits"), arguments.pop("mask"), **arguments)
+        function(
+            arguments.pop("student_logits"),
+            arguments.pop("teacher_logits"),
+            arguments.pop("mask"),
+            **arguments,
+        )
     # Unreachable when validation works: the next collective would find its peers gone.
     torch.distributed.all_reduce(torch.zeros(1), group=ctx.groups.tp)
 
@@ -275,25 +342,55 @@ def apply_change(arguments: dict[str, Any], change: str) -> None:
 
 
 BAD_INPUTS: list[tuple[str, type[Exception], str]] = [
-    ("mask-shape", ValueError, r"mask must have the logits' leading shape \(2, 3\), got \(2, 2\) \[TP rank 1 of 3 found this"),
-    ("mask-value", ValueError, r"TP ranks disagree on mask values \(digest\): values differ between TP ranks \[0, 2\] vs \[1\]"),
+    (
+        "mask-shape",
+        ValueError,
+        r"mask must have the logits' leading shape \(2, 3\), got \(2, 2\) \[TP rank 1 of 3 found this",
+    ),
+    (
+        "mask-value",
+        ValueError,
+        r"TP ranks disagree on mask values \(digest\): values differ between TP ranks \[0, 2\] vs \[1\]",
+    ),
     ("mask-dtype", ValueError, r"TP ranks disagree on mask dtype"),
     ("bins-value", ValueError, r"TP ranks disagree on bin_ids values \(digest\)"),
-    ("bins-out-of-range", ValueError, r"bin_ids must be < len\(weights\) = 3, got maximum 7 \[TP rank 1 of 3"),
+    (
+        "bins-out-of-range",
+        ValueError,
+        r"bin_ids must be < len\(weights\) = 3, got maximum 7 \[TP rank 1 of 3",
+    ),
     ("weights-value", ValueError, r"TP ranks disagree on weights values \(digest\)"),
     ("no-bins", ValueError, r"TP ranks disagree on bin_ids given: rank 0: 1, rank 1: 0, rank 2: 1"),
     ("chunk-value", ValueError, r"TP ranks disagree on token_chunk_size: rank 0: 2, rank 1: 3, rank 2: 2"),
     ("chunk-zero", ValueError, r"token_chunk_size must be >= 1, got 0 \[TP rank 1 of 3"),
-    ("student-dtype", ValueError, r"TP ranks disagree on student_logits dtype: rank 0: torch.float64, rank 1: torch.float32"),
-    ("teacher-shape", ValueError, r"teacher_logits must have the shape of student_logits .* \[TP rank 1 of 3"),
+    (
+        "student-dtype",
+        ValueError,
+        r"TP ranks disagree on student_logits dtype: rank 0: torch.float64, rank 1: torch.float32",
+    ),
+    (
+        "teacher-shape",
+        ValueError,
+        r"teacher_logits must have the shape of student_logits .* \[TP rank 1 of 3",
+    ),
     ("student-not-tensor", TypeError, r"student_logits must be a torch.Tensor, got list \[TP rank 1 of 3"),
     ("token-count", ValueError, r"TP ranks disagree on leading shape \(digest\)"),
-    ("leading-shape", ValueError, r"TP ranks disagree on number of leading dims|TP ranks disagree on leading shape"),
-    ("projected-on-one-rank", ValueError, r"^draft_loss: TP ranks called different losses: rank 0: soft_cross_entropy, rank 1: projected_soft_cross_entropy, rank 2: soft_cross_entropy$"),
+    (
+        "leading-shape",
+        ValueError,
+        r"TP ranks disagree on number of leading dims|TP ranks disagree on leading shape",
+    ),
+    (
+        "projected-on-one-rank",
+        ValueError,
+        r"^draft_loss: TP ranks called different losses: rank 0: soft_cross_entropy, rank 1: projected_soft_cross_entropy, rank 2: soft_cross_entropy$",
+    ),
 ]
 
 
-def assert_every_rank_raised(error: simdist.RankError, ranks: int, kind: type[Exception], pattern: str) -> None:
+def assert_every_rank_raised(
+    error: simdist.RankError, ranks: int, kind: type[Exception], pattern: str
+) -> None:
     assert sorted(error.failures) == list(range(ranks)), error
     assert not error.released  # each rank raised by itself; none was woken out of a wait
     messages = {str(failure) for failure in error.failures.values()}
@@ -304,7 +401,9 @@ def assert_every_rank_raised(error: simdist.RankError, ranks: int, kind: type[Ex
 
 
 @pytest.mark.parametrize(("change", "kind", "pattern"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
-def test_bad_input_on_one_tp_rank_fails_on_every_rank(change: str, kind: type[Exception], pattern: str) -> None:
+def test_bad_input_on_one_tp_rank_fails_on_every_rank(
+    change: str, kind: type[Exception], pattern: str
+) -> None:
     with pytest.raises(simdist.RankError) as info:
         run_tp(bad_input_body, 3, vocab=4, bad_ranks=(1,), change=change)
     assert_every_rank_raised(info.value, 3, kind, pattern)
@@ -314,7 +413,10 @@ def test_when_several_ranks_fail_the_lowest_is_reported_and_the_others_named() -
     with pytest.raises(simdist.RankError) as info:
         run_tp(bad_input_body, 4, vocab=3, bad_ranks=(1, 3), change="chunk-zero")
     assert_every_rank_raised(
-        info.value, 4, ValueError, r"got 0 \[TP rank 1 of 4 found this; also failed on TP ranks \[3\]; every TP rank raises it\]"
+        info.value,
+        4,
+        ValueError,
+        r"got 0 \[TP rank 1 of 4 found this; also failed on TP ranks \[3\]; every TP rank raises it\]",
     )
 
 
@@ -338,7 +440,9 @@ def test_long_messages_are_cut_to_the_fixed_payload_and_still_agree() -> None:
 
     with pytest.raises(simdist.RankError) as info:
         simdist.run(body, layout=Layout(tp=2), timeout=TIMEOUT_S)
-    assert_every_rank_raised(info.value, 2, TypeError, r"^soft_cross_entropy: éé.*\.\.\. \[TP rank 1 of 2 found this")
+    assert_every_rank_raised(
+        info.value, 2, TypeError, r"^soft_cross_entropy: éé.*\.\.\. \[TP rank 1 of 2 found this"
+    )
     assert len(str(info.value.failures[0]).encode()) < 600
 
 
@@ -355,4 +459,6 @@ def test_an_unexpected_error_while_checking_is_shared_too() -> None:
 
     with pytest.raises(simdist.RankError) as info:
         simdist.run(body, layout=Layout(tp=3), timeout=TIMEOUT_S)
-    assert_every_rank_raised(info.value, 3, RuntimeError, r"^KeyError while checking arguments: 'surprise' \[TP rank 0 of 3")
+    assert_every_rank_raised(
+        info.value, 3, RuntimeError, r"^KeyError while checking arguments: 'surprise' \[TP rank 0 of 3"
+    )

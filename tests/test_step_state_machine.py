@@ -64,8 +64,14 @@ def observable(state: DraftStepState) -> tuple:
     except StepOrderError:
         metrics = "refused"
     payload = state.contribute_counts() if state.phase is StepPhase.IDLE else None
-    return (state.phase, state.active, state.num_microbatches, state.num_bins, metrics,
-            None if payload is None else payload.numel())
+    return (
+        state.phase,
+        state.active,
+        state.num_microbatches,
+        state.num_bins,
+        metrics,
+        None if payload is None else payload.numel(),
+    )
 
 
 class DraftStepMachine(RuleBasedStateMachine):
@@ -119,14 +125,15 @@ class DraftStepMachine(RuleBasedStateMachine):
         self.params[1].main_grad += draft_grad
         self.mbs.append(k)
 
-    @rule(other_counts=st.lists(st.integers(0, 5), min_size=3, max_size=3),
-          other_policy=st.integers(0, 9))
+    @rule(other_counts=st.lists(st.integers(0, 5), min_size=3, max_size=3), other_policy=st.integers(0, 9))
     def reduce(self, other_counts: list[int], other_policy: int) -> None:
         if self.phase is StepPhase.IDLE:
             payload = self.state.contribute_counts()
             assert payload.numel() == 0  # an inactive state rides along with nothing
             self.state.record_global_counts(payload)
-            return self.refused(StepOrderError, self.state.record_global_counts, torch.zeros(6, dtype=torch.float64))
+            return self.refused(
+                StepOrderError, self.state.record_global_counts, torch.zeros(6, dtype=torch.float64)
+            )
         if self.phase is not StepPhase.ACCUMULATING or not self.mbs:
             return self.refused(StepOrderError, self.state.contribute_counts)
         payload = self.state.contribute_counts()
@@ -235,8 +242,10 @@ class DraftStepMachine(RuleBasedStateMachine):
                 self.begin()
             elif self.phase is StepPhase.ACCUMULATING:
                 if self.mbs and data.draw(st.booleans(), label="reduce now"):
-                    self.reduce(data.draw(st.lists(st.integers(0, 5), min_size=3, max_size=3)),
-                                data.draw(st.integers(0, 9)))
+                    self.reduce(
+                        data.draw(st.lists(st.integers(0, 5), min_size=3, max_size=3)),
+                        data.draw(st.integers(0, 9)),
+                    )
                 else:
                     self.accumulate(data.draw(st.integers(0, POOL - 1)))
             elif self.phase is StepPhase.REDUCED:

@@ -65,7 +65,9 @@ def test_token_distributions_are_nested_per_rank_and_microbatch(ranks, microbatc
     for per_rank in masks:
         assert len(per_rank) == microbatches
         rows = {len(micro) for micro in per_rank}
-        assert len(rows) == 1 and 1 <= rows.pop() <= 3, "every microbatch of a rank has the same number of rows"
+        assert len(rows) == 1 and 1 <= rows.pop() <= 3, (
+            "every microbatch of a rank has the same number of rows"
+        )
         assert all(len(row) == seq_len for micro in per_rank for row in micro)
     json.dumps(masks)  # plain data
 
@@ -73,9 +75,15 @@ def test_token_distributions_are_nested_per_rank_and_microbatch(ranks, microbatc
 def test_token_distributions_draw_every_kind_of_rank_and_microbatch() -> None:
     """All-masked ranks, all-masked microbatches, single tokens, fractional values, uneven rows."""
     checks = {
-        "an all-masked rank next to a rank with tokens": lambda m: any(not _any(r) for r in m) and any(_any(r) for r in m),
-        "an all-masked microbatch on a rank with tokens": lambda m: any(_any(r) and any(not _any([mb]) for mb in r) for r in m),
-        "a row with a single valid token": lambda m: any(sum(v > 0 for v in row) == 1 for r in m for mb in r for row in mb),
+        "an all-masked rank next to a rank with tokens": lambda m: (
+            any(not _any(r) for r in m) and any(_any(r) for r in m)
+        ),
+        "an all-masked microbatch on a rank with tokens": lambda m: any(
+            _any(r) and any(not _any([mb]) for mb in r) for r in m
+        ),
+        "a row with a single valid token": lambda m: any(
+            sum(v > 0 for v in row) == 1 for r in m for mb in r for row in mb
+        ),
         "a fractional mask value": lambda m: any(0 < v < 1 for r in m for mb in r for row in mb for v in row),
         "a fully valid row": lambda m: any(all(v == 1 for v in row) for r in m for mb in r for row in mb),
         "ranks with different numbers of rows": lambda m: len({len(r[0]) for r in m}) > 1,
@@ -184,7 +192,9 @@ def test_layouts_shrink_to_a_single_rank_and_then_to_the_smallest_world_that_fai
     assert find(layouts(max_world_size=16), lambda layout: True, settings=searching).world_size == 1
     smallest = find(layouts(max_world_size=16), lambda layout: layout.world_size >= 6, settings=searching)
     assert smallest.world_size == 6, smallest
-    assert find(layouts(max_world_size=16), lambda layout: layout.pp >= 3, settings=searching) == simdist.Layout(pp=3)
+    assert find(
+        layouts(max_world_size=16), lambda layout: layout.pp >= 3, settings=searching
+    ) == simdist.Layout(pp=3)
 
 
 def test_token_distributions_shrink_to_one_row_fully_valid_masks() -> None:
@@ -199,13 +209,23 @@ def test_token_distributions_shrink_an_all_masked_rank_to_its_simplest_form() ->
 
 def test_mask_rows_shrink_towards_full_rows_and_single_tokens_to_the_first_position() -> None:
     assert find(mask_rows(5), lambda row: True, settings=searching) == [1.0] * 5
-    assert find(mask_rows(5), lambda row: sum(v > 0 for v in row) == 1, settings=searching) == [1.0, 0, 0, 0, 0]
+    assert find(mask_rows(5), lambda row: sum(v > 0 for v in row) == 1, settings=searching) == [
+        1.0,
+        0,
+        0,
+        0,
+        0,
+    ]
     assert find(mask_rows(5), lambda row: any(0 < v < 1 for v in row), settings=searching) in (
-        [0.5] * 5, [0.5, 0.0, 0.0, 0.0, 0.0])
+        [0.5] * 5,
+        [0.5, 0.0, 0.0, 0.0, 0.0],
+    )
 
 
 def test_faults_and_reductions_shrink_to_the_simplest_choice() -> None:
-    assert find(faults(8), lambda f: True, settings=searching) == simdist.Fault("crash", rank=0, op="all_reduce", nth=1, seconds=0.001)
+    assert find(faults(8), lambda f: True, settings=searching) == simdist.Fault(
+        "crash", rank=0, op="all_reduce", nth=1, seconds=0.001
+    )
     assert find(faults(8), lambda f: f.rank >= 5, settings=searching).rank == 5
     assert find(reductions(), lambda c: True, settings=searching) == ReductionChoice("rank", 0)
     assert find(fault_plans(4), lambda p: True, settings=searching) == simdist.FaultPlan()

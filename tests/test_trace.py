@@ -6,8 +6,9 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def tail_of(message: str, rank: int) -> list[str]:
     tail = message.split(TAIL, 1)[1].splitlines()
     start = tail.index(f"  rank {rank}:")
     out = []
-    for line in tail[start + 1:]:
+    for line in tail[start + 1 :]:
         if not line.startswith("    "):
             break
         out.append(line.strip())
@@ -39,6 +40,7 @@ def tail_of(message: str, rank: int) -> list[str]:
 
 
 # --- flight recorder in errors -------------------------------------------------------------
+
 
 def steps_then_early_return_body(ctx: simdist.RankContext, steps: int) -> None:
     t = torch.ones(2, 3, dtype=torch.float64)
@@ -84,7 +86,9 @@ def p2p_then_crash_body(ctx: simdist.RankContext) -> None:
 
 def test_rank_error_quotes_the_recorder_too() -> None:
     with pytest.raises(simdist.RankError) as info:
-        simdist.run(p2p_then_crash_body, world_size=2, faults=FaultPlan.crash(rank=1, op="barrier"), timeout=TIMEOUT)
+        simdist.run(
+            p2p_then_crash_body, world_size=2, faults=FaultPlan.crash(rank=1, op="barrier"), timeout=TIMEOUT
+        )
     message = str(info.value)
     assert tail_of(message, 0)[0].startswith("send on world [0, 1] shapes [[4]] int32 16 B at ")
     assert tail_of(message, 1)[0].startswith("recv on world [0, 1] shapes [[4]] int32 16 B at ")
@@ -95,7 +99,8 @@ def test_rank_error_quotes_the_recorder_too() -> None:
 def barrier_then_spin_body(ctx: simdist.RankContext) -> None:
     dist.barrier()
     if ctx.rank == 1:
-        while True: pass  # noqa: E701
+        while True:
+            pass
 
 
 def test_watchdog_timeout_quotes_the_recorder() -> None:
@@ -145,8 +150,10 @@ def test_trace_has_one_track_per_rank_and_one_slice_per_call(tmp_path: Path) -> 
     simdist.run(step_body, layout=PIPE, timeout=TIMEOUT, trace=path)  # a PathLike is accepted
     meta, slices = load_trace(path)
     names = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
-    assert names == {r: f"rank {r} (tp={c.tp} cp={c.cp} dp={c.dp} pp={c.pp})"
-                     for r, c in ((r, PIPE.coords(r)) for r in range(PIPE.world_size))}
+    assert names == {
+        r: f"rank {r} (tp={c.tp} cp={c.cp} dp={c.dp} pp={c.pp})"
+        for r, c in ((r, PIPE.coords(r)) for r in range(PIPE.world_size))
+    }
     colour: dict[str, str] = {}
     for rank in range(PIPE.world_size):
         mine = sorted((e for e in slices if e["tid"] == rank), key=lambda e: e["ts"])

@@ -11,15 +11,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import collective_reference as ref
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-
-import collective_reference as ref
-import simdist
 from collective_reference import Sizes
+
+import simdist
 from simdist import Layout
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*reduce_op.*is deprecated:FutureWarning")
@@ -166,9 +166,13 @@ def with_arguments(ctx: simdist.RankContext, a: int, b: str, *, scale: float, ta
 
 
 def test_args_and_kwargs_reach_every_rank() -> None:
-    results = simdist.run(with_arguments, layout=Layout(tp=2, pp=2), args=(7, "x"), kwargs={"scale": 0.5}, timeout=TIMEOUT)
+    results = simdist.run(
+        with_arguments, layout=Layout(tp=2, pp=2), args=(7, "x"), kwargs={"scale": 0.5}, timeout=TIMEOUT
+    )
     assert results == [(r, 7, "x", 0.5 * r, "default") for r in range(4)]
-    results = simdist.run(with_arguments, world_size=2, args=(1, "y"), kwargs={"scale": 2.0, "tag": "t"}, timeout=TIMEOUT)
+    results = simdist.run(
+        with_arguments, world_size=2, args=(1, "y"), kwargs={"scale": 2.0, "tag": "t"}, timeout=TIMEOUT
+    )
     assert results == [(0, 1, "y", 0.0, "t"), (1, 1, "y", 2.0, "t")]
 
 
@@ -239,7 +243,12 @@ def autograd_body(ctx: simdist.RankContext) -> dict[str, Any]:
     (p * float(ctx.rank)).sum().backward()
     for work in works:
         work.wait()
-    return {"x_grad": x.grad.tolist(), "z": z.detach().tolist(), "p_grad": p.grad.tolist(), "hooks": len(works)}
+    return {
+        "x_grad": x.grad.tolist(),
+        "z": z.detach().tolist(),
+        "p_grad": p.grad.tolist(),
+        "hooks": len(works),
+    }
 
 
 def test_collectives_inside_autograd_backward() -> None:
@@ -337,7 +346,7 @@ def test_global_state_and_threads_are_restored_after_run(tmp_path: Any) -> None:
 
 
 def test_run_leaves_a_caller_initialised_real_world_alone() -> None:
-    """"Exactly as before" includes a caller that already has a default group."""
+    """ "Exactly as before" includes a caller that already has a default group."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         default = dist.group.WORLD

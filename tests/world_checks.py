@@ -4,7 +4,7 @@ is alive, no default group is left initialised, and the next run works."""
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from ._corpus import write_case
 from ._database import DatabaseSpecError, resolve_database
@@ -26,7 +27,7 @@ from ._events import EventReader, worker_file
 from ._stats import CampaignStats
 from ._summary import junit_xml, progress_line, summary_text
 
-__all__ = ["CampaignConfig", "CampaignResult", "run_campaign", "default_targets", "ExitCode"]
+__all__ = ["CampaignConfig", "CampaignResult", "ExitCode", "default_targets", "run_campaign"]
 
 
 class ExitCode:
@@ -85,7 +86,9 @@ def default_targets(cwd: Path | None = None) -> list[str]:
                 return [str(t) for t in targets]
     if (cwd / "tests" / "fuzz").is_dir():
         return ["tests/fuzz"]
-    raise UsageError("no TARGET given, and neither [tool.simdist] fuzz-targets in pyproject.toml nor tests/fuzz/ exists")
+    raise UsageError(
+        "no TARGET given, and neither [tool.simdist] fuzz-targets in pyproject.toml nor tests/fuzz/ exists"
+    )
 
 
 def _validate(cfg: CampaignConfig) -> None:
@@ -113,8 +116,21 @@ def _validate(cfg: CampaignConfig) -> None:
 def _worker_command(targets: Sequence[str]) -> list[str]:
     # addopts are cleared: the project's own options (xdist's -n, say) would
     # fight the worker's run loop.
-    return [sys.executable, "-m", "pytest", *targets, "-p", "simdist.fuzz._worker",
-            "-p", "no:cacheprovider", "-o", "addopts=", "-q", "--no-header", "--tb=short"]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        "-p",
+        "simdist.fuzz._worker",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-q",
+        "--no-header",
+        "--tb=short",
+    ]
 
 
 def run_campaign(cfg: CampaignConfig) -> CampaignResult:
@@ -127,22 +143,31 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
     deadline = started + cfg.budget
     out = cfg.out
     live = cfg.live if cfg.live is not None else bool(getattr(out, "isatty", lambda: False)())
-    print(f"simdist fuzz: budget {cfg.budget:g} s, {cfg.workers} worker(s), seed {seed}, "
-          f"target {' '.join(cfg.targets)}; worker logs in {run_dir}", file=out, flush=True)
+    print(
+        f"simdist fuzz: budget {cfg.budget:g} s, {cfg.workers} worker(s), seed {seed}, "
+        f"target {' '.join(cfg.targets)}; worker logs in {run_dir}",
+        file=out,
+        flush=True,
+    )
 
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     seeds = random.Random(seed)
     for k in range(cfg.workers):
         env = dict(os.environ)
-        env.update({
-            "SIMDIST_FUZZ_WORKER": "1", "SIMDIST_FUZZ_RUN_DIR": str(run_dir.resolve()),
-            "SIMDIST_FUZZ_INDEX": str(k), "SIMDIST_FUZZ_SEED": str(seeds.getrandbits(63)),
-            "SIMDIST_FUZZ_DEADLINE": repr(deadline), "SIMDIST_FUZZ_STARTED": repr(started),
-            "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
-            "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "SIMDIST_FUZZ_WORKER": "1",
+                "SIMDIST_FUZZ_RUN_DIR": str(run_dir.resolve()),
+                "SIMDIST_FUZZ_INDEX": str(k),
+                "SIMDIST_FUZZ_SEED": str(seeds.getrandbits(63)),
+                "SIMDIST_FUZZ_DEADLINE": repr(deadline),
+                "SIMDIST_FUZZ_STARTED": repr(started),
+                "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
+                "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if cfg.max_world_size is not None:
             env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
         # One intra-op thread per worker, as torchrun gives each rank, unless the
@@ -153,8 +178,15 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
         env.setdefault("OMP_NUM_THREADS", "1")
         log = open(run_dir / f"worker-{k}.log", "wb")
         logs.append(log)
-        procs.append(subprocess.Popen(_worker_command(cfg.targets), env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                _worker_command(cfg.targets),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        )
     readers = [EventReader(worker_file(run_dir, k)) for k in range(cfg.workers)]
     stats = CampaignStats()
     interrupted = False
@@ -199,11 +231,22 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
     if cfg.corpus is not None:
         for failure in stats.failures:
             if failure.case is not None and failure.replayable:
-                path = write_case(cfg.corpus, failure.property, failure.case, failure.error_type,
-                                  failure.error, {**found, "property_seed": failure.seed})
+                path = write_case(
+                    cfg.corpus,
+                    failure.property,
+                    failure.case,
+                    failure.error_type,
+                    failure.error,
+                    {**found, "property_seed": failure.seed},
+                )
                 failure.file = str(path)
-    print(summary_text(stats, elapsed=elapsed, workers=cfg.workers, seed=seed, targets=cfg.targets,
-                       problems=problems), file=out, flush=True)
+    print(
+        summary_text(
+            stats, elapsed=elapsed, workers=cfg.workers, seed=seed, targets=cfg.targets, problems=problems
+        ),
+        file=out,
+        flush=True,
+    )
 
     if interrupted:
         code = ExitCode.INTERRUPTED
@@ -216,9 +259,18 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
     else:
         code = ExitCode.CLEAN
     if cfg.report is not None:
-        report = {"exit_code": code, "elapsed_s": round(elapsed, 3), "budget_s": cfg.budget,
-                  "workers": cfg.workers, "seed": seed, "targets": list(cfg.targets), "run_dir": str(run_dir),
-                  "tags": cfg.tags, "problems": problems, **stats.to_json()}
+        report = {
+            "exit_code": code,
+            "elapsed_s": round(elapsed, 3),
+            "budget_s": cfg.budget,
+            "workers": cfg.workers,
+            "seed": seed,
+            "targets": list(cfg.targets),
+            "run_dir": str(run_dir),
+            "tags": cfg.tags,
+            "problems": problems,
+            **stats.to_json(),
+        }
         Path(cfg.report).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if cfg.junit is not None:
         Path(cfg.junit).write_text(junit_xml(stats, elapsed, problems), encoding="utf-8")
@@ -252,8 +304,9 @@ def _log_tail(run_dir: Path, k: int, lines: int = 25) -> str:
     return "\n    ".join(text.rstrip().splitlines()[-lines:])
 
 
-def _problems(procs: list[subprocess.Popen[bytes]], stats: CampaignStats, run_dir: Path,
-              killed: bool, interrupted: bool) -> list[str]:
+def _problems(
+    procs: list[subprocess.Popen[bytes]], stats: CampaignStats, run_dir: Path, killed: bool, interrupted: bool
+) -> list[str]:
     """Why the campaign itself did not run as asked (not failures of properties)."""
     if interrupted:
         return ["interrupted (Ctrl-C): the summary covers the cases run so far"]
@@ -266,14 +319,20 @@ def _problems(procs: list[subprocess.Popen[bytes]], stats: CampaignStats, run_di
         if code == 5 or (code == 0 and not stats.properties):
             problems.append(f"target error: worker {k} collected no test in the target:\n    {tail}")
         elif code in (2, 4) or stats.collect_errors:
-            problems.append(f"target error: worker {k} could not collect the target (exit {code}):\n    {tail}")
+            problems.append(
+                f"target error: worker {k} could not collect the target (exit {code}):\n    {tail}"
+            )
         else:
-            problems.append(f"crash: worker {k} died (exit {code}); this is simdist's fault, not the target's:\n    {tail}")
+            problems.append(
+                f"crash: worker {k} died (exit {code}); this is simdist's fault, not the target's:\n    {tail}"
+            )
     if not problems and not stats.properties:
         problems.append("target error: no Hypothesis property (@given test) found in the target")
     if killed:
-        problems.append("note: workers were still shrinking past the budget and grace period and were "
-                        "stopped; a failure may be reported unshrunk")
+        problems.append(
+            "note: workers were still shrinking past the budget and grace period and were "
+            "stopped; a failure may be reported unshrunk"
+        )
     return problems
 
 

@@ -47,39 +47,73 @@ def _tag(text: str) -> tuple[str, str]:
 
 def add_fuzz_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "fuzz", help="run a fuzz campaign of Hypothesis properties under a wall-clock budget",
+        "fuzz",
+        help="run a fuzz campaign of Hypothesis properties under a wall-clock budget",
         description="Run Hypothesis properties again and again with fresh seeds until the budget is spent. "
-                    "Exit 0 when clean, 1 when a property failed, 2 on usage or target errors, "
-                    "3 when simdist's own machinery crashed.",
+        "Exit 0 when clean, 1 when a property failed, 2 on usage or target errors, "
+        "3 when simdist's own machinery crashed.",
     )
-    p.add_argument("targets", nargs="*", metavar="TARGET",
-                   help="pytest node ids, files or directories of properties "
-                        "(default: [tool.simdist] fuzz-targets in pyproject.toml, else tests/fuzz)")
-    p.add_argument("--budget", type=_positive_float, default=60.0, help="wall-clock seconds of search (default 60)")
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="TARGET",
+        help="pytest node ids, files or directories of properties "
+        "(default: [tool.simdist] fuzz-targets in pyproject.toml, else tests/fuzz)",
+    )
+    p.add_argument(
+        "--budget", type=_positive_float, default=60.0, help="wall-clock seconds of search (default 60)"
+    )
     p.add_argument("--seed", type=int, default=None, help="campaign seed (default: a fresh one, printed)")
-    p.add_argument("--workers", type=_workers, default=1, help="worker processes sharing one example database, or 'auto'")
-    p.add_argument("--max-world-size", type=_positive_int, default=None,
-                   help="largest world the properties may draw (exported as SIMDIST_FUZZ_MAX_WORLD_SIZE)")
-    p.add_argument("--database", default=".simdist/fuzz-db",
-                   help="example database: a directory (default .simdist/fuzz-db), 'none', "
-                        "or python:module:name of an ExampleDatabase")
-    p.add_argument("--corpus", default="fixtures/regressions",
-                   help="where failing cases are written as JSON (default fixtures/regressions)")
+    p.add_argument(
+        "--workers", type=_workers, default=1, help="worker processes sharing one example database, or 'auto'"
+    )
+    p.add_argument(
+        "--max-world-size",
+        type=_positive_int,
+        default=None,
+        help="largest world the properties may draw (exported as SIMDIST_FUZZ_MAX_WORLD_SIZE)",
+    )
+    p.add_argument(
+        "--database",
+        default=".simdist/fuzz-db",
+        help="example database: a directory (default .simdist/fuzz-db), 'none', "
+        "or python:module:name of an ExampleDatabase",
+    )
+    p.add_argument(
+        "--corpus",
+        default="fixtures/regressions",
+        help="where failing cases are written as JSON (default fixtures/regressions)",
+    )
     p.add_argument("--no-corpus", action="store_true", help="do not write failing cases")
     p.add_argument("--report", type=Path, default=None, help="write the campaign as JSON")
     p.add_argument("--junit", type=Path, default=None, help="write a JUnit XML report")
-    p.add_argument("-x", "--stop-on-failure", action="store_true", help="stop at the first failure (once shrunk)")
-    p.add_argument("--grace", type=_positive_float, default=120.0,
-                   help="seconds past the budget that failures may still be shrunk (default 120); "
-                        "then workers stop and report the smallest case found so far")
-    p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
-                   help="recorded in the report and in every case file written")
+    p.add_argument(
+        "-x", "--stop-on-failure", action="store_true", help="stop at the first failure (once shrunk)"
+    )
+    p.add_argument(
+        "--grace",
+        type=_positive_float,
+        default=120.0,
+        help="seconds past the budget that failures may still be shrunk (default 120); "
+        "then workers stop and report the smallest case found so far",
+    )
+    p.add_argument(
+        "--tag",
+        type=_tag,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recorded in the report and in every case file written",
+    )
 
 
 def add_replay_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="re-run failing cases written by a campaign",
-                       description="Run each case once. Exit 0 when every case passes, 1 while any still fails, "
-                                   "2 when a file cannot be read or its property not found.")
+    p = sub.add_parser(
+        "replay",
+        help="re-run failing cases written by a campaign",
+        description="Run each case once. Exit 0 when every case passes, 1 while any still fails, "
+        "2 when a file cannot be read or its property not found.",
+    )
     p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="case files (or directories of them)")
 
 
@@ -87,10 +121,18 @@ def fuzz_command(args: argparse.Namespace) -> int:
     try:
         targets = list(args.targets) or default_targets()
         cfg = CampaignConfig(
-            targets=targets, budget=args.budget, seed=args.seed, workers=args.workers,
-            max_world_size=args.max_world_size, database=args.database,
-            corpus=None if args.no_corpus else Path(args.corpus), report=args.report, junit=args.junit,
-            stop_on_failure=args.stop_on_failure, tags=dict(args.tag), grace=args.grace,
+            targets=targets,
+            budget=args.budget,
+            seed=args.seed,
+            workers=args.workers,
+            max_world_size=args.max_world_size,
+            database=args.database,
+            corpus=None if args.no_corpus else Path(args.corpus),
+            report=args.report,
+            junit=args.junit,
+            stop_on_failure=args.stop_on_failure,
+            tags=dict(args.tag),
+            grace=args.grace,
         )
         return run_campaign(cfg).exit_code
     except UsageError as exc:
@@ -98,7 +140,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
-    except Exception:  # noqa: BLE001 - reported as simdist's own crash, apart from target failures
+    except Exception:
         print("simdist fuzz: internal error (a bug in simdist, not in the target):", file=sys.stderr)
         traceback.print_exc()
         return ExitCode.CRASHED
@@ -125,14 +167,16 @@ def replay_command(args: argparse.Namespace) -> int:
             unusable += 1
             print(f"ERROR  {path}: {exc}")
             continue
-        except Exception as exc:  # noqa: BLE001 - the property's failure is the result
+        except Exception as exc:
             still_failing += 1
             first = str(exc).strip().splitlines()[:8]
             print(f"FAILS  {path}  {case.target}\n       {type(exc).__name__}: " + "\n       ".join(first))
             continue
         print(f"passes {path}  {case.target}")
-    print(f"{len(files)} case(s): {len(files) - still_failing - unusable} pass, {still_failing} still fail, "
-          f"{unusable} unusable")
+    print(
+        f"{len(files)} case(s): {len(files) - still_failing - unusable} pass, {still_failing} still fail, "
+        f"{unusable} unusable"
+    )
     if unusable:
         return ExitCode.USAGE
     return ExitCode.FAILED if still_failing else ExitCode.CLEAN

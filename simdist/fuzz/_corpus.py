@@ -16,16 +16,17 @@ import importlib.util
 import json
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ._property import spec_of
 
-__all__ = ["CaseFile", "CaseFileError", "write_case", "read_case", "replay_case"]
+__all__ = ["CaseFile", "CaseFileError", "read_case", "replay_case", "write_case"]
 
 FORMAT = "simdist-fuzz-case/1"
 
@@ -51,8 +52,14 @@ class CaseFile:
         return self.target.split("::", 1)[1] if "::" in self.target else ""
 
 
-def write_case(directory: Path, target: str, case: Mapping[str, Any], error_type: str, error: str,
-               found: Mapping[str, Any]) -> Path:
+def write_case(
+    directory: Path,
+    target: str,
+    case: Mapping[str, Any],
+    error_type: str,
+    error: str,
+    found: Mapping[str, Any],
+) -> Path:
     """Write one case file; the name is stable for the same property and case."""
     directory.mkdir(parents=True, exist_ok=True)
     body = json.dumps(dict(case), sort_keys=True)
@@ -79,7 +86,7 @@ def read_case(path: str | Path) -> CaseFile:
     except (OSError, json.JSONDecodeError) as exc:
         raise CaseFileError(f"{p}: not a readable JSON case file: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CaseFileError(f"{p}: not a simdist fuzz case (expected \"format\": \"{FORMAT}\")")
+        raise CaseFileError(f'{p}: not a simdist fuzz case (expected "format": "{FORMAT}")')
     for key in ("target", "case"):
         if key not in data:
             raise CaseFileError(f"{p}: missing {key!r}")
@@ -97,7 +104,9 @@ def _locate(case: CaseFile, root: Path | None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    raise CaseFileError(f"{case.path}: property file {case.file_part} not found (from {Path.cwd().name}/ or above the case file)")
+    raise CaseFileError(
+        f"{case.path}: property file {case.file_part} not found (from {Path.cwd().name}/ or above the case file)"
+    )
 
 
 def _import_like_pytest(path: Path) -> Any:
@@ -122,8 +131,11 @@ def _load_conftests(directory: Path, base: Path) -> None:
     chain = [d for d in [directory, *directory.parents] if (d / "conftest.py").exists()]
     for d in reversed(chain):
         conftest = (d / "conftest.py").resolve()
-        if any(Path(getattr(m, "__file__", "") or "").resolve() == conftest
-               for m in list(sys.modules.values()) if getattr(m, "__file__", None)):
+        if any(
+            Path(getattr(m, "__file__", "") or "").resolve() == conftest
+            for m in list(sys.modules.values())
+            if getattr(m, "__file__", None)
+        ):
             continue
         if str(d) not in sys.path:
             sys.path.insert(0, str(d))
@@ -151,6 +163,12 @@ def replay_case(path: str | Path, *, root: Path | None = None) -> None:
     # Run the body under Hypothesis with exactly this case, so that event()
     # and target() calls inside it work as in the campaign; nothing is searched.
     decoded = spec.decode(case.case)
-    once = settings(database=None, phases=[Phase.generate], max_examples=1, deadline=None,
-                    suppress_health_check=list(HealthCheck), print_blob=False)
+    once = settings(
+        database=None,
+        phases=[Phase.generate],
+        max_examples=1,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
     once(given(**{spec.arg: st.just(decoded)})(obj.hypothesis.inner_test))()

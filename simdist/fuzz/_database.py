@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-__all__ = ["resolve_database", "DatabaseSpecError"]
+__all__ = ["DatabaseSpecError", "resolve_database"]
 
 
 class DatabaseSpecError(ValueError):
@@ -26,7 +26,7 @@ def resolve_database(spec: str | None) -> ExampleDatabase | None:
     if spec is None or spec.lower() == "none":
         return None
     if spec.startswith("python:"):
-        target = spec[len("python:"):]
+        target = spec[len("python:") :]
         module_name, _, attr = target.partition(":")
         if not module_name or not attr:
             raise DatabaseSpecError(
@@ -45,5 +45,7 @@ def resolve_database(spec: str | None) -> ExampleDatabase | None:
             raise DatabaseSpecError(
                 f"--database {spec!r}: {target}() returned {type(made).__name__}, not a hypothesis ExampleDatabase"
             )
-        raise DatabaseSpecError(f"--database {spec!r}: {target} is {type(obj).__name__}, not an ExampleDatabase")
+        raise DatabaseSpecError(
+            f"--database {spec!r}: {target} is {type(obj).__name__}, not an ExampleDatabase"
+        )
     return DirectoryBasedExampleDatabase(str(Path(spec)))

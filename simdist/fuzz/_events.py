@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
-__all__ = ["EventWriter", "EventReader", "worker_file"]
+__all__ = ["EventReader", "EventWriter", "worker_file"]
 
 
 def worker_file(run_dir: Path, index: int) -> Path:

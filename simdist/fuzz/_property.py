@@ -13,13 +13,14 @@ import functools
 import inspect
 import json
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import hypothesis
 from hypothesis.control import currently_in_test_context
 
-__all__ = ["FuzzSpec", "replayable", "cover", "spec_of", "encode_case", "last_failure", "clear_failures"]
+__all__ = ["FuzzSpec", "clear_failures", "cover", "encode_case", "last_failure", "replayable", "spec_of"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -32,7 +32,6 @@ class Failure:
     file: str | None = None
 
 
-
 @dataclass
 class CampaignStats:
     cases: int = 0
@@ -84,7 +83,7 @@ class CampaignStats:
         axes: dict[str, str] = {}
         for name, value in event.get("f", {}).items():
             if name.startswith("target:"):
-                label = name[len("target:"):] or "target"
+                label = name[len("target:") :] or "target"
                 if isinstance(value, (int, float)):
                     self.targets[label] = max(self.targets.get(label, float("-inf")), float(value))
                 continue
@@ -99,9 +98,15 @@ class CampaignStats:
 
     def _add_failure(self, worker: int, event: dict[str, Any]) -> None:
         failure = Failure(
-            property=event["p"], error_type=event.get("error_type", "failure"), error=event.get("error", ""),
-            case=event.get("case"), replayable=bool(event.get("replayable")), seed=event.get("seed"),
-            found_after=float(event.get("t", 0.0)), worker=worker, report=event.get("report", ""),
+            property=event["p"],
+            error_type=event.get("error_type", "failure"),
+            error=event.get("error", ""),
+            case=event.get("case"),
+            replayable=bool(event.get("replayable")),
+            seed=event.get("seed"),
+            found_after=float(event.get("t", 0.0)),
+            worker=worker,
+            report=event.get("report", ""),
             shrunk=bool(event.get("shrunk", True)),
         )
         # Workers sharing a database can report the same bug twice, one of them
@@ -131,11 +136,19 @@ class CampaignStats:
             "rounds": self.rounds,
             "failures": [
                 {
-                    "property": f.property, "error_type": f.error_type, "error": f.error, "case": f.case,
-                    "replayable": f.replayable, "seed": f.seed, "found_after_s": f.found_after,
+                    "property": f.property,
+                    "error_type": f.error_type,
+                    "error": f.error,
+                    "case": f.case,
+                    "replayable": f.replayable,
+                    "seed": f.seed,
+                    "found_after_s": f.found_after,
                     "first_failing_case_after_s": self.first_failing_case_at.get(f.property),
                     "cases_before_first_failure": self.cases_before_first_failure.get(f.property),
-                    "worker": f.worker, "shrunk": f.shrunk, "file": f.file, "report": f.report,
+                    "worker": f.worker,
+                    "shrunk": f.shrunk,
+                    "file": f.file,
+                    "report": f.report,
                 }
                 for f in self.failures
             ],

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ._stats import CampaignStats
 
-__all__ = ["progress_line", "summary_text", "junit_xml"]
+__all__ = ["junit_xml", "progress_line", "summary_text"]
 
 # Coverage rows in this order first; any other feature follows alphabetically.
-_ORDER = ("world", "tp", "cp", "dp", "pp", "microbatches", "dtype", "reduction", "zero_count", "fault", "clip")
+_ORDER = (
+    "world",
+    "tp",
+    "cp",
+    "dp",
+    "pp",
+    "microbatches",
+    "dtype",
+    "reduction",
+    "zero_count",
+    "fault",
+    "clip",
+)
 
 
 def _short(nodeid: str) -> str:
@@ -21,8 +34,11 @@ def _short(nodeid: str) -> str:
 def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: int) -> str:
     rate = stats.cases / elapsed if elapsed > 0 else 0.0
     # Past the budget, workers finish the case in hand, or shrink a failure.
-    phase = "" if elapsed <= budget else (
-        " (finishing: shrinking failures)" if stats.failures else " (finishing the cases in hand)")
+    phase = (
+        ""
+        if elapsed <= budget
+        else (" (finishing: shrinking failures)" if stats.failures else " (finishing the cases in hand)")
+    )
     return (
         f"fuzz {elapsed:5.0f}/{budget:.0f} s  cases {stats.cases} ({rate:.1f}/s)  "
         f"layouts {len(stats.layouts)}  failures {len(stats.failures)}  workers {workers}{phase}"
@@ -37,8 +53,15 @@ def _values(counter: Any) -> str:
     return "  ".join(f"{value}: {count}" for value, count in sorted(counter.items(), key=order))
 
 
-def summary_text(stats: CampaignStats, *, elapsed: float, workers: int, seed: int, targets: Sequence[str],
-                 problems: Sequence[str]) -> str:
+def summary_text(
+    stats: CampaignStats,
+    *,
+    elapsed: float,
+    workers: int,
+    seed: int,
+    targets: Sequence[str],
+    problems: Sequence[str],
+) -> str:
     rate = stats.cases / elapsed if elapsed > 0 else 0.0
     status = ", ".join(f"{n} {s}" for s, n in sorted(stats.cases_by_status.items()))
     lines = [
@@ -75,7 +98,9 @@ def summary_text(stats: CampaignStats, *, elapsed: float, workers: int, seed: in
             if f.file:
                 lines.append(f"     written to {f.file}; replay: simdist replay {f.file}")
             elif not f.replayable:
-                lines.append("     (not a @simdist.fuzz.replayable property: see the report above for Hypothesis' falsifying example)")
+                lines.append(
+                    "     (not a @simdist.fuzz.replayable property: see the report above for Hypothesis' falsifying example)"
+                )
                 lines.append("     " + _first_lines(f.report, 30).replace("\n", "\n     "))
     return "\n".join(lines)
 
@@ -95,14 +120,18 @@ def junit_xml(stats: CampaignStats, elapsed: float, problems: Sequence[str]) -> 
         f = failed.get(prop)
         if f is not None:
             detail = f"case: {json.dumps(f.case, sort_keys=True)}\n\n{f.report}"
-            body = (f"<failure message={quoteattr(f'{f.error_type}: {f.error}'[:2000])} "
-                    f"type={quoteattr(f.error_type)}>{escape(detail)}</failure>")
+            body = (
+                f"<failure message={quoteattr(f'{f.error_type}: {f.error}'[:2000])} "
+                f"type={quoteattr(f.error_type)}>{escape(detail)}</failure>"
+            )
         cases.append(
             f'  <testcase classname={quoteattr(path)} name={quoteattr(name)} time="0">'
             f"<system-out>{escape(str(stats.cases_by_property.get(prop, 0)))} cases</system-out>{body}</testcase>"
         )
     for i, problem in enumerate(problems):
-        cases.append(f'  <testcase classname="simdist.fuzz" name="campaign-{i}"><error message={quoteattr(problem[:2000])}/></testcase>')
+        cases.append(
+            f'  <testcase classname="simdist.fuzz" name="campaign-{i}"><error message={quoteattr(problem[:2000])}/></testcase>'
+        )
     errors = len(problems)
     return (
         '<?xml version="1.0" encoding="utf-8"?>\n'

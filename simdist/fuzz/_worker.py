@@ -105,8 +105,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before collection, so properties decorated with their own @settings
     # inherit the campaign's values for everything they do not set.
     settings.register_profile(
-        "simdist-fuzz", deadline=None, derandomize=False, database=_worker.database,
-        suppress_health_check=list(HealthCheck), print_blob=False,
+        "simdist-fuzz",
+        deadline=None,
+        derandomize=False,
+        database=_worker.database,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
     )
     settings.load_profile("simdist-fuzz")
     try:
@@ -126,10 +130,17 @@ def _observe(observation: Any) -> None:
     if w is None or getattr(observation, "type", None) != "test_case" or w.current is None:
         return
     w.current_cases += 1
-    features = {str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in observation.features.items()}
+    features = {
+        str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in observation.features.items()
+    }
     w.events.emit(
-        "case", p=w.current, s=observation.status, how=observation.how_generated,
-        f=features, sec=round(sum(observation.timing.values()), 6), t=w.elapsed(),
+        "case",
+        p=w.current,
+        s=observation.status,
+        how=observation.how_generated,
+        f=features,
+        sec=round(sum(observation.timing.values()), 6),
+        t=w.elapsed(),
     )
 
 
@@ -154,8 +165,14 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
         else:
             others.append(item.nodeid)
     items = {item.nodeid: item for item in session.items}
-    w.events.emit("start", worker=w.index, pid=os.getpid(), properties=[p.nodeid for p in props],
-                  ignored=others, replayable=[p.nodeid for p in props if spec_of(p.function)])
+    w.events.emit(
+        "start",
+        worker=w.index,
+        pid=os.getpid(),
+        properties=[p.nodeid for p in props],
+        ignored=others,
+        replayable=[p.nodeid for p in props if spec_of(p.function)],
+    )
     if not props:
         w.events.emit("done", reason="no properties")
         return True
@@ -191,8 +208,9 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
     return True
 
 
-def _run_round(w: _Worker, prop: _PropertyState, item: pytest.Item, rng: random.Random,
-               seconds_left: float, live: int) -> None:
+def _run_round(
+    w: _Worker, prop: _PropertyState, item: pytest.Item, rng: random.Random, seconds_left: float, live: int
+) -> None:
     examples = prop.examples_for(seconds_left, live)
     seed = rng.getrandbits(64)
     fn = prop.function
@@ -220,21 +238,35 @@ def _run_round(w: _Worker, prop: _PropertyState, item: pytest.Item, rng: random.
     prop.seconds += seconds
     prop.last_examples = examples
     prop.last_per_case = seconds / max(1, w.current_cases)
-    w.events.emit("round", p=prop.nodeid, seed=seed, examples=examples, cases=w.current_cases,
-                  sec=round(seconds, 3), t=w.elapsed())
+    w.events.emit(
+        "round",
+        p=prop.nodeid,
+        seed=seed,
+        examples=examples,
+        cases=w.current_cases,
+        sec=round(seconds, 3),
+        t=w.elapsed(),
+    )
     longrepr = w.call_failed.get(item.nodeid)
     if longrepr is None:
         return
     _emit_failure(w, prop, seed, last_failure(fn), longrepr, shrunk=True)
 
 
-def _emit_failure(w: _Worker, prop: _PropertyState, seed: int, record: Any, report: str, *, shrunk: bool) -> None:
+def _emit_failure(
+    w: _Worker, prop: _PropertyState, seed: int, record: Any, report: str, *, shrunk: bool
+) -> None:
     prop.failed = True
     marker = _marker(w.run_dir, prop.nodeid)
     first = not marker.exists()
     marker.touch()
     w.events.emit(
-        "failure", p=prop.nodeid, seed=seed, t=w.elapsed(), first=first, shrunk=shrunk,
+        "failure",
+        p=prop.nodeid,
+        seed=seed,
+        t=w.elapsed(),
+        first=first,
+        shrunk=shrunk,
         replayable=spec_of(prop.function) is not None,
         case=record.case if record else None,
         error_type=record.error_type if record else _error_type(report),
@@ -253,4 +285,3 @@ def _error_type(longrepr: str) -> str:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _worker is not None:
         _worker.events.close()
-

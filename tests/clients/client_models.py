@@ -6,14 +6,16 @@ import torch
 from torch import nn
 
 
-def mlp(seed: int, dims: tuple[int, ...] = (8, 16, 16, 4), dtype: torch.dtype = torch.float64) -> nn.Sequential:
+def mlp(
+    seed: int, dims: tuple[int, ...] = (8, 16, 16, 4), dtype: torch.dtype = torch.float64
+) -> nn.Sequential:
     """The same weights on every rank and in the reference (seeded here, not by the rank)."""
     gen = torch.Generator().manual_seed(seed)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(dims, dims[1:])):
         lin = nn.Linear(a, b, dtype=dtype)
         with torch.no_grad():
-            lin.weight.copy_(torch.randn(b, a, generator=gen, dtype=dtype) / a ** 0.5)
+            lin.weight.copy_(torch.randn(b, a, generator=gen, dtype=dtype) / a**0.5)
             lin.bias.copy_(torch.randn(b, generator=gen, dtype=dtype) * 0.1)
         layers.append(lin)
         if i < len(dims) - 2:
@@ -21,10 +23,14 @@ def mlp(seed: int, dims: tuple[int, ...] = (8, 16, 16, 4), dtype: torch.dtype = 
     return nn.Sequential(*layers)
 
 
-def batch(seed: int, rows: int, dims: tuple[int, int], dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    seed: int, rows: int, dims: tuple[int, int], dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(rows, dims[0], generator=gen, dtype=dtype),
-            torch.randn(rows, dims[1], generator=gen, dtype=dtype))
+    return (
+        torch.randn(rows, dims[0], generator=gen, dtype=dtype),
+        torch.randn(rows, dims[1], generator=gen, dtype=dtype),
+    )
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:

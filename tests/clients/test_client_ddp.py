@@ -12,11 +12,11 @@ import contextlib
 import pytest
 import torch
 import torch.distributed as dist
+from client_models import assert_close_dicts, batch, grads, mlp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simdist
-from client_models import assert_close_dicts, batch, grads, mlp
 
 WORLD = 4
 ROWS = 8  # per rank and microbatch
@@ -39,9 +39,11 @@ def ddp_body(ctx: simdist.RankContext, hook: str, micro: int) -> tuple[list[dict
     if hook == "default":
         model.register_comm_hook(None, default_hooks.allreduce_hook)
     elif hook == "own":
+
         def counting_hook(state, bucket):
             seen_buckets.append((step, bucket.index()))
             return own_average_hook(state, bucket)
+
         model.register_comm_hook(None, counting_hook)
     out = []
     for step in range(STEPS):

@@ -16,8 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                               loss_parallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 import simdist
 
@@ -60,7 +65,7 @@ def tp_body(ctx: simdist.RankContext) -> tuple[float, dict[str, torch.Tensor]]:
     x, target = data()
     chunk = S // ctx.world_size
     # The residual stream is sequence-parallel: each rank feeds its own positions.
-    mine = x[:, ctx.rank * chunk:(ctx.rank + 1) * chunk]
+    mine = x[:, ctx.rank * chunk : (ctx.rank + 1) * chunk]
     logits = model(mine)
     with loss_parallel():
         loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from client_models import assert_close_dicts, batch, mlp, params
 from torch.distributed.fsdp import fully_shard
 
 import simdist
-from client_models import assert_close_dicts, batch, mlp, params
 
 DIMS = (6, 10, 7, 3)  # 10 and 7 rows do not divide by 4: padded shards
 ROWS = 4  # per rank

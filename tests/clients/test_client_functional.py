@@ -9,7 +9,7 @@ concatenated/summed inputs (float64, no collective involved).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -30,7 +30,7 @@ def rank_input(rank: int) -> torch.Tensor:
 
 def rank_loss(out: torch.Tensor, rank: int) -> torch.Tensor:
     coef = torch.randn(out.shape, generator=torch.Generator().manual_seed(70 + rank), dtype=torch.float64)
-    return (coef * out).sum() + 0.1 * (rank + 1) * (out ** 2).sum()
+    return (coef * out).sum() + 0.1 * (rank + 1) * (out**2).sum()
 
 
 def _wait(t: torch.Tensor) -> torch.Tensor:
@@ -38,38 +38,47 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
 
 
 # name: (what each rank calls, what that rank's output is in terms of every rank's input)
-OPS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[list[torch.Tensor], int], torch.Tensor]]] = {
-    "nn.all_reduce": (lambda x: dnnf.all_reduce(x),
-                      lambda xs, r: sum(xs)),
-    "nn.all_gather": (lambda x: torch.cat(dnnf.all_gather(x)),
-                      lambda xs, r: torch.cat(xs)),
-    "nn.reduce_scatter": (lambda x: dnnf.reduce_scatter(torch.empty(ROWS // WORLD, COLS, dtype=x.dtype),
-                                                        list(x.chunk(WORLD))),
-                          lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs)),
-    "nn.all_to_all_single": (lambda x: dnnf.all_to_all_single(torch.empty_like(x), x),
-                             lambda xs, r: torch.cat([x.chunk(WORLD)[r] for x in xs])),
+OPS: dict[
+    str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[list[torch.Tensor], int], torch.Tensor]]
+] = {
+    "nn.all_reduce": (lambda x: dnnf.all_reduce(x), lambda xs, r: sum(xs)),
+    "nn.all_gather": (lambda x: torch.cat(dnnf.all_gather(x)), lambda xs, r: torch.cat(xs)),
+    "nn.reduce_scatter": (
+        lambda x: dnnf.reduce_scatter(torch.empty(ROWS // WORLD, COLS, dtype=x.dtype), list(x.chunk(WORLD))),
+        lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs),
+    ),
+    "nn.all_to_all_single": (
+        lambda x: dnnf.all_to_all_single(torch.empty_like(x), x),
+        lambda xs, r: torch.cat([x.chunk(WORLD)[r] for x in xs]),
+    ),
     "funcol.all_gather_tensor_autograd": (
         lambda x: _wait(funcol.all_gather_tensor_autograd(x, 0, dist.group.WORLD)),
-        lambda xs, r: torch.cat(xs)),
+        lambda xs, r: torch.cat(xs),
+    ),
     "funcol.reduce_scatter_tensor_autograd": (
         lambda x: _wait(funcol.reduce_scatter_tensor_autograd(x, "sum", 0, dist.group.WORLD)),
-        lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs)),
+        lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs),
+    ),
     "funcol.all_to_all_single_autograd": (
         lambda x: _wait(funcol.all_to_all_single_autograd(x, None, None, dist.group.WORLD)),
-        lambda xs, r: torch.cat([x.chunk(WORLD)[r] for x in xs])),
+        lambda xs, r: torch.cat([x.chunk(WORLD)[r] for x in xs]),
+    ),
 }
 # The names torch 2.13 recommends instead of the deprecated ones above (older
 # torch has only those): the same semantics.
 if hasattr(funcol, "all_gather_single_autograd"):
     OPS["funcol.all_gather_single_autograd"] = (
         lambda x: _wait(funcol.all_gather_single_autograd(x, 0, dist.group.WORLD)),
-        lambda xs, r: torch.cat(xs))
+        lambda xs, r: torch.cat(xs),
+    )
     OPS["funcol.reduce_scatter_single_autograd"] = (
         lambda x: _wait(funcol.reduce_scatter_single_autograd(x, "sum", 0, dist.group.WORLD)),
-        lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs))
+        lambda xs, r: sum(x.chunk(WORLD)[r] for x in xs),
+    )
     OPS["funcol.all_reduce"] = (  # differentiable on the torch that has the names above
         lambda x: _wait(funcol.all_reduce(x, "sum", dist.group.WORLD)),
-        lambda xs, r: sum(xs))
+        lambda xs, r: sum(xs),
+    )
 
 
 def functional_body(ctx: simdist.RankContext, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,12 +23,15 @@ def megatron() -> None:
     """Imported by the tests that need it, not at collection: importing Megatron
     costs seconds, and once imported its globals are swapped at every switch of
     every later run in the process (see simdist/rank_local_defaults.py)."""
-    pytest.importorskip("megatron.core.parallel_state",
-                        reason="megatron-core is not installed (pip install megatron-core, or the [test] extra)")
+    pytest.importorskip(
+        "megatron.core.parallel_state",
+        reason="megatron-core is not installed (pip install megatron-core, or the [test] extra)",
+    )
 
 
-def _ps():  # noqa: ANN202 - megatron.core.parallel_state, imported lazily
+def _ps():
     from megatron.core import parallel_state
+
     return parallel_state
 
 
@@ -50,9 +53,11 @@ RANK_GETTERS = {
 
 def init_body(ctx: simdist.RankContext) -> tuple[dict, dict]:
     layout = ctx.layout
-    _ps().initialize_model_parallel(tensor_model_parallel_size=layout.tp,
-                                 pipeline_model_parallel_size=layout.pp,
-                                 context_parallel_size=layout.cp)
+    _ps().initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp,
+    )
     groups = {axis: dist.get_process_group_ranks(get()) for axis, get in GETTERS.items()}
     dist.barrier()  # every rank has initialised: a shared global would show here
     groups_after = {axis: dist.get_process_group_ranks(get()) for axis, get in GETTERS.items()}
@@ -60,8 +65,11 @@ def init_body(ctx: simdist.RankContext) -> tuple[dict, dict]:
     return groups, {axis: get() for axis, get in RANK_GETTERS.items()}
 
 
-@pytest.mark.parametrize("layout", [Layout(tp=2, dp=2, pp=2), Layout(tp=2, cp=2, pp=2),
-                                    Layout(cp=2, dp=2), Layout(tp=4, dp=2)], ids=str)
+@pytest.mark.parametrize(
+    "layout",
+    [Layout(tp=2, dp=2, pp=2), Layout(tp=2, cp=2, pp=2), Layout(cp=2, dp=2), Layout(tp=4, dp=2)],
+    ids=str,
+)
 @pytest.mark.parametrize("schedule", ["rank", "random"])
 def test_initialize_model_parallel_groups_equal_the_layout(layout: Layout, schedule: str) -> None:
     assert not _ps().model_parallel_is_initialized()
@@ -78,17 +86,20 @@ SEQ, BATCH, VOCAB = 3, 2, 16
 
 def logits_and_target() -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(21)
-    return (torch.randn(SEQ, BATCH, VOCAB, generator=gen, dtype=torch.float64) * 3,
-            torch.randint(VOCAB, (SEQ, BATCH), generator=gen))
+    return (
+        torch.randn(SEQ, BATCH, VOCAB, generator=gen, dtype=torch.float64) * 3,
+        torch.randint(VOCAB, (SEQ, BATCH), generator=gen),
+    )
 
 
 def cross_entropy_body(ctx: simdist.RankContext, tp: int) -> tuple[torch.Tensor, torch.Tensor]:
     from megatron.core import tensor_parallel
+
     _ps().initialize_model_parallel(tensor_model_parallel_size=tp)
     logits, target = logits_and_target()
     shard = VOCAB // tp
     # Megatron computes in float32 (it upcasts whatever it gets): feed float32 logits.
-    mine = logits[..., ctx.rank * shard:(ctx.rank + 1) * shard].float().requires_grad_()
+    mine = logits[..., ctx.rank * shard : (ctx.rank + 1) * shard].float().requires_grad_()
     loss = tensor_parallel.vocab_parallel_cross_entropy(mine, target)
     (loss * torch.arange(1, loss.numel() + 1, dtype=loss.dtype).view(loss.shape)).sum().backward()
     return loss.detach(), mine.grad
@@ -103,8 +114,9 @@ def test_vocab_parallel_cross_entropy_equals_float64(tp: int) -> None:
     shard = VOCAB // tp
     for rank, (loss, grad) in enumerate(simdist.run(cross_entropy_body, world_size=tp, args=(tp,))):
         torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(grad.double(), logits.grad[..., rank * shard:(rank + 1) * shard],
-                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            grad.double(), logits.grad[..., rank * shard : (rank + 1) * shard], rtol=1e-6, atol=1e-6
+        )
 
 
 HIDDEN, FFN, TOKENS = 6, 8, 8
@@ -124,17 +136,30 @@ def tokens() -> torch.Tensor:
 def mlp_body(ctx: simdist.RankContext, tp: int, sequence_parallel: bool) -> tuple:
     from megatron.core import tensor_parallel
     from megatron.core.model_parallel_config import ModelParallelConfig
+
     _ps().initialize_model_parallel(tensor_model_parallel_size=tp)
-    cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
-                              use_cpu_initialization=True, params_dtype=torch.float64)
-    col = tensor_parallel.ColumnParallelLinear(HIDDEN, FFN, config=cfg, init_method=seeded_init,
-                                               bias=True, gather_output=False)
-    row = tensor_parallel.RowParallelLinear(FFN, HIDDEN, config=cfg, init_method=seeded_init, bias=True,
-                                            input_is_parallel=True, skip_bias_add=False)
+    cfg = ModelParallelConfig(
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence_parallel,
+        use_cpu_initialization=True,
+        params_dtype=torch.float64,
+    )
+    col = tensor_parallel.ColumnParallelLinear(
+        HIDDEN, FFN, config=cfg, init_method=seeded_init, bias=True, gather_output=False
+    )
+    row = tensor_parallel.RowParallelLinear(
+        FFN,
+        HIDDEN,
+        config=cfg,
+        init_method=seeded_init,
+        bias=True,
+        input_is_parallel=True,
+        skip_bias_add=False,
+    )
     x = tokens().to(ctx.device)
     if sequence_parallel:  # the sequence is split over TP ranks before and after the block
         n = TOKENS // tp
-        x = x[ctx.rank * n:(ctx.rank + 1) * n]
+        x = x[ctx.rank * n : (ctx.rank + 1) * n]
     x = x.clone().requires_grad_()
     h, _ = col(x)
     y, _ = row(torch.tanh(h))
@@ -158,8 +183,10 @@ def mlp_reference() -> tuple:
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_column_then_row_parallel_linear_equals_float64(tp: int, sequence_parallel: bool) -> None:
     if sequence_parallel and not torch.cuda.is_available():
-        pytest.skip("megatron-core's sequence-parallel path allocates its gather/reduce-scatter buffers on "
-                    "torch.cuda.current_device() (GlobalMemoryBuffer, tensor_parallel.mappings): needs CUDA")
+        pytest.skip(
+            "megatron-core's sequence-parallel path allocates its gather/reduce-scatter buffers on "
+            "torch.cuda.current_device() (GlobalMemoryBuffer, tensor_parallel.mappings): needs CUDA"
+        )
     want_y, want_x, want_w1, want_w2 = mlp_reference()
     device = "cuda" if sequence_parallel else "cpu"
     results = simdist.run(mlp_body, world_size=tp, args=(tp, sequence_parallel), device=device)
@@ -168,8 +195,8 @@ def test_column_then_row_parallel_linear_equals_float64(tp: int, sequence_parall
         rows = slice(rank * n, (rank + 1) * n) if sequence_parallel else slice(None)
         torch.testing.assert_close(y, want_y[rows], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(x_grad, want_x[rows], rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(w1_grad, want_w1[rank * f:(rank + 1) * f], rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(w2_grad, want_w2[:, rank * f:(rank + 1) * f], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(w1_grad, want_w1[rank * f : (rank + 1) * f], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(w2_grad, want_w2[:, rank * f : (rank + 1) * f], rtol=1e-12, atol=1e-12)
 
 
 LATE_IMPORT = """
@@ -194,9 +221,15 @@ def test_megatron_first_imported_inside_a_rank_is_still_per_rank() -> None:
     import os
     import subprocess
     import sys
+
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", LATE_IMPORT], capture_output=True,
-                         text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", LATE_IMPORT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["True", "False"], out.stdout

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from client_models import assert_close_dicts, batch, grads, mlp
 from torch.distributed import pipelining as pp
 
 import simdist
-from client_models import assert_close_dicts, batch, grads, mlp
 
 WORLD = 2
 MICRO = 4

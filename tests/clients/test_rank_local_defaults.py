@@ -81,6 +81,7 @@ def test_without_the_default_a_peer_sees_the_handlers(no_defaults: None) -> None
 
 # --- module globals: the fingerprint must catch every kind of change ---------------------
 
+
 def make_module() -> types.ModuleType:
     module = types.ModuleType("fingerprinted_state")
     exec("COUNT = 0\nITEMS = []\nGONE = 'here'\ndef helper():\n    return COUNT\n", module.__dict__)
@@ -107,8 +108,16 @@ def test_module_globals_rebound_mutated_added_and_deleted_stay_per_rank(schedule
     m = make_module()
     sys.modules[m.__name__] = m
     try:
-        got = simdist.run(globals_body, world_size=3, args=(m,), share_args=True, rank_local=[m],
-                          schedule=schedule, schedule_seed=5, timeout=TIMEOUT)
+        got = simdist.run(
+            globals_body,
+            world_size=3,
+            args=(m,),
+            share_args=True,
+            rank_local=[m],
+            schedule=schedule,
+            schedule_seed=5,
+            timeout=TIMEOUT,
+        )
     finally:
         del sys.modules[m.__name__]
     assert got == [(r + 1, [r], [f"NEW_{r}"], -r, r != 1, r + 1) for r in range(3)]
@@ -117,6 +126,7 @@ def test_module_globals_rebound_mutated_added_and_deleted_stay_per_rank(schedule
 
 
 # --- real backends named inside a rank ------------------------------------------------------
+
 
 def gloo_group_body(ctx: simdist.RankContext) -> tuple[list[float], str]:
     group = dist.new_group([0, 1], backend="gloo")  # e.g. Megatron's gloo twin of each DP group
@@ -133,8 +143,10 @@ def test_new_group_with_a_real_backend_name_is_simulated() -> None:
 
 # --- Megatron-core -------------------------------------------------------------------------
 
+
 def megatron_body(ctx: simdist.RankContext) -> list[int]:
     from megatron.core import parallel_state as ps
+
     ps.initialize_model_parallel(tensor_model_parallel_size=2)
     return dist.get_process_group_ranks(ps.get_data_parallel_group())
 
@@ -154,8 +166,12 @@ def test_megatron_globals_are_per_rank_and_the_callers_come_back(explicit: bool)
     ps = pytest.importorskip("megatron.core.parallel_state", reason="megatron-core is not installed")
     layout = Layout(tp=2, dp=2)
     before = {k: v for k, v in vars(ps).items() if k.isupper()}
-    got = simdist.run(megatron_body, layout=layout, timeout=TIMEOUT,
-                      rank_local=["megatron.core.parallel_state"] if explicit else ())
+    got = simdist.run(
+        megatron_body,
+        layout=layout,
+        timeout=TIMEOUT,
+        rank_local=["megatron.core.parallel_state"] if explicit else (),
+    )
     assert got == [layout.group_of("dp", r) for r in range(4)]
     assert all(vars(ps)[k] is v for k, v in before.items())
     assert not ps.model_parallel_is_initialized()
@@ -163,8 +179,10 @@ def test_megatron_globals_are_per_rank_and_the_callers_come_back(explicit: bool)
 
 # --- a watched module first imported by a rank during the run ------------------------------
 
+
 def late_import_body(ctx: simdist.RankContext, name: str) -> tuple[int, list[int]]:
     import importlib
+
     state = importlib.import_module(name)  # the first import in the process: rank 0's
     state.init(ctx.rank)  # refuses a second init, like Megatron
     dist.barrier()
@@ -179,7 +197,8 @@ def _write_init_once_module(folder, name: str, monkeypatch) -> None:
         "OWNER = None\nSEEN = []\n"
         "def init(rank):\n    global OWNER\n"
         "    if OWNER is not None:\n        raise RuntimeError('already initialized')\n"
-        "    OWNER = rank\n")
+        "    OWNER = rank\n"
+    )
     monkeypatch.syspath_prepend(str(folder))
 
 
@@ -195,7 +214,10 @@ def test_a_watched_module_imported_inside_a_rank_is_still_per_rank(tmp_path, mon
         assert (module.OWNER, module.SEEN) == (None, []), "the caller gets the freshly imported globals"
         assert defaults._fresh_globals not in sys.meta_path, "the import hook is gone after the run"
         # Imported before the next run: the ordinary per-rank copy from run start.
-        assert simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT) == [(0, [0]), (1, [1])]
+        assert simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT) == [
+            (0, [0]),
+            (1, [1]),
+        ]
     finally:
         sys.modules.pop(name, None)
 

@@ -37,8 +37,12 @@ def _one(mutant: str, examples: int, seed: int) -> dict[str, object]:
     from hypothesis import HealthCheck, Phase, settings
 
     settings.register_profile(
-        "check-mutants", max_examples=examples, database=None, deadline=None,
-        phases=[Phase.generate, Phase.target], suppress_health_check=list(HealthCheck),
+        "check-mutants",
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate, Phase.target],
+        suppress_health_check=list(HealthCheck),
     )
     settings.load_profile("check-mutants")
     if "OMP_NUM_THREADS" not in os.environ:
@@ -50,8 +54,9 @@ def _one(mutant: str, examples: int, seed: int) -> dict[str, object]:
 
     if mutant != "none":
         mutants.apply(mutant)
-    import simdist.fuzz
     import test_draft_properties as properties
+
+    import simdist.fuzz
 
     cases = {"n": 0}
     cover = simdist.fuzz.cover
@@ -70,13 +75,21 @@ def _one(mutant: str, examples: int, seed: int) -> dict[str, object]:
             from hypothesis import seed as hypothesis_seed
 
             hypothesis_seed(seed)(test)()
-        except BaseException as error:  # noqa: BLE001 - any failure is a detection
+        except BaseException as error:
             return {
-                "mutant": mutant, "caught_by": name, "cases": cases["n"],
-                "seconds": round(time.perf_counter() - began, 1), "total_seconds": round(time.perf_counter() - start, 1),
+                "mutant": mutant,
+                "caught_by": name,
+                "cases": cases["n"],
+                "seconds": round(time.perf_counter() - began, 1),
+                "total_seconds": round(time.perf_counter() - start, 1),
                 "error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}",
             }
-    return {"mutant": mutant, "caught_by": None, "cases": None, "total_seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "mutant": mutant,
+        "caught_by": None,
+        "cases": None,
+        "total_seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def main() -> int:
@@ -95,8 +108,19 @@ def main() -> int:
     names = args.mutants or sorted(mutants.MUTANTS)
     for name in names:
         out = subprocess.run(
-            [sys.executable, __file__, "--one", name, "--examples", str(args.examples), "--seed", str(args.seed)],
-            capture_output=True, text=True, env=os.environ.copy(),
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                name,
+                "--examples",
+                str(args.examples),
+                "--seed",
+                str(args.seed),
+            ],
+            capture_output=True,
+            text=True,
+            env=os.environ.copy(),
         )
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         print(lines[-1] if lines else json.dumps({"mutant": name, "crashed": out.stderr[-2000:]}), flush=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,7 +29,11 @@ for _folder in (_HERE, _HERE.parent):
 import mutants  # noqa: E402
 
 FALLBACK_PROFILE = "simdist-fuzz-regular"
-_RELAXED = {"deadline": None, "database": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+_RELAXED = {
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
 PROFILES = {
     # The regular suite: bounded and derandomised (the same cases every run).
     FALLBACK_PROFILE: {"max_examples": 6, "derandomize": True, "print_blob": True},
@@ -51,8 +55,12 @@ _undo_mutant = mutants.apply_from_environment()
 # Each case runs whole simulated worlds (a tenth to a third of a second), so the
 # suite-wide profiles' example counts would make these properties dominate the
 # test run: under them this folder's modules get their own, smaller profile.
-SUITE_PROFILES = {"default": FALLBACK_PROFILE, "dev": FALLBACK_PROFILE, "ci": FALLBACK_PROFILE,
-                  "nightly": "simdist-fuzz-nightly"}
+SUITE_PROFILES = {
+    "default": FALLBACK_PROFILE,
+    "dev": FALLBACK_PROFILE,
+    "ci": FALLBACK_PROFILE,
+    "nightly": "simdist-fuzz-nightly",
+}
 
 
 def _profile_for_this_folder() -> str | None:

@@ -11,13 +11,14 @@ failure shrinks towards one rank, one microbatch and fully valid 0/1 masks.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import torch
+from cotrain_faults import fault_points
 from hypothesis import strategies as st
 
-from cotrain_faults import fault_points
 from draft_loss.cotrain import CotrainBatch, CotrainConfig
 from simdist import Layout
 from simdist.strategies import (
@@ -99,7 +100,7 @@ class DraftCase:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "DraftCase":
+    def from_json(cls, data: Mapping[str, Any]) -> DraftCase:
         fields = dict(data)
         fields["masks"] = _tuples(fields["masks"])
         fields["bin_weights"] = tuple(float(w) for w in fields["bin_weights"])
@@ -126,9 +127,15 @@ class DraftCase:
     def config(self) -> CotrainConfig:
         clip = CLIP_NORMS if self.clip else {}
         return CotrainConfig(
-            vocab_size=self.vocab_size, hidden_size=HIDDEN_SIZE, ffn_size=FFN_SIZE, num_layers=NUM_LAYERS,
-            bin_weights=self.bin_weights, token_chunk_size=self.token_chunk_size, seed=self.seed,
-            dtype=self.torch_dtype, **clip,
+            vocab_size=self.vocab_size,
+            hidden_size=HIDDEN_SIZE,
+            ffn_size=FFN_SIZE,
+            num_layers=NUM_LAYERS,
+            bin_weights=self.bin_weights,
+            token_chunk_size=self.token_chunk_size,
+            seed=self.seed,
+            dtype=self.torch_dtype,
+            **clip,
         )
 
     def batches(self, data_seed: int | None = None) -> list[CotrainBatch]:
@@ -175,9 +182,17 @@ class DraftCase:
         if self.fault is not None:
             fault = "probe" if "probe" in self.fault else str(self.fault["kind"])
         return {
-            "tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, "world": self.layout.world_size,
-            "microbatches": self.microbatches, "dtype": self.dtype, "reduction": self.reduction,
-            "zero_count": self.zero_count(), "fault": fault, "clip": self.clip,
+            "tp": self.tp,
+            "cp": self.cp,
+            "dp": self.dp,
+            "pp": self.pp,
+            "world": self.layout.world_size,
+            "microbatches": self.microbatches,
+            "dtype": self.dtype,
+            "reduction": self.reduction,
+            "zero_count": self.zero_count(),
+            "fault": fault,
+            "clip": self.clip,
         }
 
 
@@ -215,11 +230,23 @@ def draft_cases(
     chunk = draw(chunk_sizes(max(len(m[0]) * seq_len for m in masks)))
     reduction = draw(reductions(REDUCTION_NAMES))
     return DraftCase(
-        tp=layout.tp, cp=layout.cp, dp=layout.dp, pp=layout.pp, microbatches=microbatches, seq_len=seq_len,
-        masks=_tuples(masks), vocab_size=layout.tp * draw(st.integers(2, 6)), token_chunk_size=chunk,
-        dtype=draw(dtype_names(dtypes)), bin_weights=weights, single_bin=single_bin,
-        seed=draw(st.integers(0, 2**16)), reduction=reduction.model, reduction_seed=reduction.seed,
-        clip=draw(st.booleans()), mode=draw(st.sampled_from(modes)),
+        tp=layout.tp,
+        cp=layout.cp,
+        dp=layout.dp,
+        pp=layout.pp,
+        microbatches=microbatches,
+        seq_len=seq_len,
+        masks=_tuples(masks),
+        vocab_size=layout.tp * draw(st.integers(2, 6)),
+        token_chunk_size=chunk,
+        dtype=draw(dtype_names(dtypes)),
+        bin_weights=weights,
+        single_bin=single_bin,
+        seed=draw(st.integers(0, 2**16)),
+        reduction=reduction.model,
+        reduction_seed=reduction.seed,
+        clip=draw(st.booleans()),
+        mode=draw(st.sampled_from(modes)),
     )
 
 
@@ -293,7 +320,10 @@ BAD_INPUT_KINDS: tuple[str, ...] = (
 @st.composite
 def bad_input_cases(draw: st.DrawFn, *, max_world: int | None = None) -> DraftCase:
     case = draw(draft_cases(max_world=max_world))
-    bad = {"kind": draw(st.sampled_from(BAD_INPUT_KINDS)), "rank": draw(st.integers(0, case.layout.world_size - 1))}
+    bad = {
+        "kind": draw(st.sampled_from(BAD_INPUT_KINDS)),
+        "rank": draw(st.integers(0, case.layout.world_size - 1)),
+    }
     return replace(case, bad_input=bad)
 
 
@@ -326,7 +356,15 @@ def spoil(batch: CotrainBatch, kind: str, config: CotrainConfig) -> tuple[Any, s
 
 
 __all__ = [
-    "BAD_INPUT_KINDS", "CP_SUPPORTED", "DraftCase", "bad_input_cases", "chunk_sizes", "draft_cases",
+    "BAD_INPUT_KINDS",
+    "CP_SUPPORTED",
+    "DraftCase",
+    "bad_input_cases",
+    "chunk_sizes",
+    "draft_cases",
     "fault_cases",
-    "fault_plan_of", "max_world_size", "probe_points", "spoil",
+    "fault_plan_of",
+    "max_world_size",
+    "probe_points",
+    "spoil",
 ]

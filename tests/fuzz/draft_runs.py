@@ -7,16 +7,16 @@ a case's per-rank batches instead of the harness' fixed scenarios.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
+from cotrain_harness import TOLERANCES, _close, _close_all, _flat, _within, groups_of, shard
+from draft_cases import DraftCase, fault_plan_of, spoil
 from hypothesis import target
 from hypothesis.control import currently_in_test_context
 
 import simdist
-from simdist import fuzz
-from cotrain_harness import TOLERANCES, _close, _close_all, _flat, _within, groups_of, shard
-from draft_cases import DraftCase, fault_plan_of, spoil
 from draft_loss.cotrain import (
     METRIC_NAMES,
     CotrainBatch,
@@ -26,6 +26,7 @@ from draft_loss.cotrain import (
     full_initial_parameters,
     shard_batch_for_cp,
 )
+from simdist import fuzz
 
 RUN_TIMEOUT_S = 120.0
 
@@ -70,15 +71,20 @@ def _modes_body(ctx, case: DraftCase, config, batches: Sequence[CotrainBatch], m
     return out
 
 
-def run_valid(case: DraftCase, modes: Sequence[str], body: Callable[..., Any] = _modes_body) -> dict[str, list[StepResult]]:
+def run_valid(
+    case: DraftCase, modes: Sequence[str], body: Callable[..., Any] = _modes_body
+) -> dict[str, list[StepResult]]:
     """Every mode in ``modes`` on one world (fresh workers per mode). Valid input
     must never raise: a SimulationError here (a rank raised, a deadlock, a
     mismatch, a timeout) fails the case as property 5."""
     config = case.config()
     try:
         per_rank = simdist.run(
-            body, layout=case.layout, args=(case, config, case.batches(), tuple(modes)),
-            timeout=RUN_TIMEOUT_S, **case.reduction_choice.run_kwargs(),
+            body,
+            layout=case.layout,
+            args=(case, config, case.batches(), tuple(modes)),
+            timeout=RUN_TIMEOUT_S,
+            **case.reduction_choice.run_kwargs(),
         )
     except simdist.SimulationError as error:
         cause = error.__cause__
@@ -134,8 +140,9 @@ def agreed_representatives(case: DraftCase, results_by_mode: Mapping[str, list[S
     return sorted(first.values())
 
 
-def check_updates(case: DraftCase, results: list[StepResult], reference: Any,
-                  ranks: Iterable[int] | None = None) -> float:
+def check_updates(
+    case: DraftCase, results: list[StepResult], reference: Any, ranks: Iterable[int] | None = None
+) -> float:
     """float32: each rank's applied update (parameters after minus before) equals
     the reference's, judged at the scale of the update, not of the parameters.
 
@@ -186,12 +193,18 @@ def check_updates(case: DraftCase, results: list[StepResult], reference: Any,
     return worst
 
 
-def _flat_ratio(params: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor],
-                expected: Mapping[str, torch.Tensor], ratio_of: Callable[..., tuple[float, torch.Tensor]]) -> float | None:
+def _flat_ratio(
+    params: Mapping[str, torch.Tensor],
+    before: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    ratio_of: Callable[..., tuple[float, torch.Tensor]],
+) -> float | None:
     """``ratio_of`` over every parameter at once; None when shapes differ (judged tensor by tensor then)."""
     if any(p.shape != before[n].shape or p.shape != expected[n].shape for n, p in params.items()):
         return None
-    ratio, _ = ratio_of(_flat(params.values()) - _flat(before[n] for n in params), _flat(expected[n] for n in params))
+    ratio, _ = ratio_of(
+        _flat(params.values()) - _flat(before[n] for n in params), _flat(expected[n] for n in params)
+    )
     return ratio
 
 
@@ -233,24 +246,36 @@ def worst_ratio(
         for kind, scale in kinds:
             values: dict[str, torch.Tensor] = getattr(result, kind)
             refs = {
-                name: shard(getattr(exp, kind)[name], name, tp_rank, layout.tp) if tp_sharded_expected
+                name: shard(getattr(exp, kind)[name], name, tp_rank, layout.tp)
+                if tp_sharded_expected
                 else getattr(exp, kind)[name]
                 for name in values
             }
             if all(v.shape == refs[n].shape for n, v in values.items()):
-                worst = max(worst, ratio(_flat(values.values()), _flat(refs[n] for n in values), atol_fraction * scale))
+                worst = max(
+                    worst,
+                    ratio(_flat(values.values()), _flat(refs[n] for n in values), atol_fraction * scale),
+                )
             else:  # broadcasting shapes: as the per-tensor comparison treats them
                 for name, value in values.items():
                     worst = max(worst, ratio(value, refs[name], atol_fraction * scale))
         if gradients:
-            worst = max(worst, ratio(
-                torch.tensor([result.grad_norms[group] for group in ("policy", "draft")]),
-                torch.tensor([exp.grad_norms[group] for group in ("policy", "draft")]), atol_fraction * grad_scale,
-            ))
-        worst = max(worst, ratio(
-            torch.tensor([result.metrics[metric] for metric in METRIC_NAMES]),
-            torch.tensor([exp.metrics[metric] for metric in METRIC_NAMES]), atol_fraction,
-        ))
+            worst = max(
+                worst,
+                ratio(
+                    torch.tensor([result.grad_norms[group] for group in ("policy", "draft")]),
+                    torch.tensor([exp.grad_norms[group] for group in ("policy", "draft")]),
+                    atol_fraction * grad_scale,
+                ),
+            )
+        worst = max(
+            worst,
+            ratio(
+                torch.tensor([result.metrics[metric] for metric in METRIC_NAMES]),
+                torch.tensor([exp.metrics[metric] for metric in METRIC_NAMES]),
+                atol_fraction,
+            ),
+        )
     return worst
 
 
@@ -288,13 +313,22 @@ def gradients_judged_against_reference(case: DraftCase) -> bool:
     return case.dtype == "float32"
 
 
-def check_params_and_metrics(case: DraftCase, results: list[StepResult], reference: Any, *,
-                             rtol: float, atol_fraction: float, what: str,
-                             ranks: Iterable[int] | None = None) -> None:
+def check_params_and_metrics(
+    case: DraftCase,
+    results: list[StepResult],
+    reference: Any,
+    *,
+    rtol: float,
+    atol_fraction: float,
+    what: str,
+    ranks: Iterable[int] | None = None,
+) -> None:
     """``check_against`` without gradients and grad norms (bfloat16 vs float64);
     ``ranks``: those ranks only (see ``agreed_representatives``)."""
     layout = case.layout
-    param_scale = max((float(t.abs().max()) for t in reference.params.values() if t.numel()), default=0.0) or 1.0
+    param_scale = (
+        max((float(t.abs().max()) for t in reference.params.values() if t.numel()), default=0.0) or 1.0
+    )
     for rank in range(len(results)) if ranks is None else ranks:
         result = results[rank]
         tp_rank = layout.coords(rank).tp
@@ -304,8 +338,13 @@ def check_params_and_metrics(case: DraftCase, results: list[StepResult], referen
         expected = torch.tensor([reference.metrics[metric] for metric in METRIC_NAMES])
         if not _within(metrics, expected, rtol, atol_fraction):
             for metric in METRIC_NAMES:  # the first one out of tolerance raises
-                _close(torch.tensor(result.metrics[metric]), torch.tensor(reference.metrics[metric]), rtol,
-                       atol_fraction, f"{what}: rank {rank} metric {metric}")
+                _close(
+                    torch.tensor(result.metrics[metric]),
+                    torch.tensor(reference.metrics[metric]),
+                    rtol,
+                    atol_fraction,
+                    f"{what}: rank {rank} metric {metric}",
+                )
 
 
 # -------------------------------------------------------------- fault + retry
@@ -315,7 +354,10 @@ def check_params_and_metrics(case: DraftCase, results: list[StepResult], referen
 # commit agreement that a peer failed. Anything else (a StepOrderError from
 # stale state, a deadlock, a mismatch) is a bug the fault exposed.
 EXPECTED_FAILURES: tuple[type[BaseException], ...] = (
-    ProbeFault, simdist.InjectedFault, simdist.faults.BackendError, StepAbortedError,
+    ProbeFault,
+    simdist.InjectedFault,
+    simdist.faults.BackendError,
+    StepAbortedError,
 )
 
 
@@ -332,7 +374,9 @@ def _fault_body(ctx, workers: dict, config, batches, case: DraftCase, probe_faul
             if reached == point:
                 raise ProbeFault(f"probe fault at {point!r} on rank {ctx.rank}")
 
-    return worker.train_step(rank_batch(ctx, batches), mode="split", num_microbatches=case.microbatches, probe=probe)
+    return worker.train_step(
+        rank_batch(ctx, batches), mode="split", num_microbatches=case.microbatches, probe=probe
+    )
 
 
 def fault_then_retry(case: DraftCase) -> tuple[list[StepResult], list[StepResult], simdist.RetryOutcome]:
@@ -347,7 +391,9 @@ def fault_then_retry(case: DraftCase) -> tuple[list[StepResult], list[StepResult
     # share_args: the workers dicts (each rank's model, optimizer and step
     # state, keyed by rank) must outlive a world, as a real job's processes
     # outlive a communicator rebuilt after a failure.
-    run_kwargs = dict(layout=case.layout, timeout=RUN_TIMEOUT_S, share_args=True, **case.reduction_choice.run_kwargs())
+    run_kwargs = dict(
+        layout=case.layout, timeout=RUN_TIMEOUT_S, share_args=True, **case.reduction_choice.run_kwargs()
+    )
     batches = case.batches()
     warmup_batches = case.batches(data_seed=case.seed + 1)
     probe_fault = case.fault if case.fault is not None and "probe" in case.fault else None
@@ -358,8 +404,11 @@ def fault_then_retry(case: DraftCase) -> tuple[list[StepResult], list[StepResult
             simdist.run(_fault_body, args=(workers, config, warmup_batches, case, None), **run_kwargs)
     clean = simdist.run(_fault_body, args=(clean_workers, config, batches, case, None), **run_kwargs)
     outcome = simdist.run_with_retry(
-        _fault_body, faults=fault_plan_of(case), retries=1,
-        args=(faulty_workers, config, batches, case, probe_fault), **run_kwargs,
+        _fault_body,
+        faults=fault_plan_of(case),
+        retries=1,
+        args=(faulty_workers, config, batches, case, probe_fault),
+        **run_kwargs,
     )
     return clean, outcome.results, outcome
 
@@ -417,8 +466,11 @@ def run_bad_input(case: DraftCase) -> list[dict[str, Any]]:
     something other than ValueError/TypeError) fails the case."""
     try:
         return simdist.run(
-            _bad_input_body, layout=case.layout, args=(case, case.config(), case.batches(), ()),
-            timeout=RUN_TIMEOUT_S, **case.reduction_choice.run_kwargs(),
+            _bad_input_body,
+            layout=case.layout,
+            args=(case, case.config(), case.batches(), ()),
+            timeout=RUN_TIMEOUT_S,
+            **case.reduction_choice.run_kwargs(),
         )
     except simdist.SimulationError as error:
         cause = error.__cause__

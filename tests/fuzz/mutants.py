@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -135,7 +136,8 @@ def counts_before_alignment() -> Undo:
 
     def draft_counts(self, batch):
         return torch.bincount(
-            batch.bin_ids.reshape(-1), weights=batch.mask.reshape(-1).to(torch.float64),
+            batch.bin_ids.reshape(-1),
+            weights=batch.mask.reshape(-1).to(torch.float64),
             minlength=self.config.num_bins,
         ).to(torch.float64)
 
@@ -196,6 +198,7 @@ def correction_inverted() -> Undo:
 def replicated_param_counted_twice() -> Undo:
     """The grad norm counts TP-replicated parameters on every TP rank (as if
     they were sharded), inflating their share by the TP size."""
+
     def is_tensor_parallel(param):
         grads.parameter_group(param)  # still refuses untagged parameters
         return True
@@ -279,6 +282,7 @@ def reset_forgotten_after_second_microbatch() -> Undo:
 def optimizer_not_transactional() -> Undo:
     """The optimizer stores each momentum buffer as it computes it, in
     ``prepare``: a step that fails later leaves momentum that a retry adds again."""
+
     def prepare(self, params, grads_, probe=None):
         values, buffers = {}, {}
         for index, (name, param) in enumerate(params.items()):

@@ -9,17 +9,18 @@ its valid tokens differ from any policy mask by construction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
+from soft_ce_reference import reference_stats
 
 import simdist
 from draft_loss import soft_cross_entropy
 from simdist import Layout
 from simdist.strategies import ReductionChoice, bin_weights, dtype_names, mask_rows, reductions
-from soft_ce_reference import reference_stats
 
 MAX_TP = 4
 
@@ -48,7 +49,7 @@ class SoftCECase:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "SoftCECase":
+    def from_json(cls, data: Mapping[str, Any]) -> SoftCECase:
         fields = dict(data)
         fields["shards"] = tuple(int(s) for s in fields["shards"])
         fields["mask"] = tuple(tuple(float(v) for v in row) for row in fields["mask"])
@@ -85,19 +86,32 @@ class SoftCECase:
             bins = torch.full(tuple(mask.shape), self.single_bin, dtype=torch.int64)
         weights = torch.tensor(self.bin_weights, dtype=torch.float32)
         upstream = weights * (0.5 + torch.rand(num_bins, generator=generator))
-        return {"student": student, "teacher": teacher, "mask": mask, "bins": bins, "weights": weights,
-                "upstream": upstream}
+        return {
+            "student": student,
+            "teacher": teacher,
+            "mask": mask,
+            "bins": bins,
+            "weights": weights,
+            "upstream": upstream,
+        }
 
     def cover(self) -> dict[str, Any]:
         tokens = len(self.mask) * len(self.mask[0])
         counts = torch.tensor(self.mask).sum()
         return {
-            "tp": self.tp, "world": self.tp, "dtype": self.dtype, "reduction": self.reduction,
-            "zero_count": "draft" if float(counts) == 0 else "none", "fault": "none", "clip": False,
+            "tp": self.tp,
+            "world": self.tp,
+            "dtype": self.dtype,
+            "reduction": self.reduction,
+            "zero_count": "draft" if float(counts) == 0 else "none",
+            "fault": "none",
+            "clip": False,
             "uneven_vocab": len(set(self.shards)) > 1,
-            "chunk_vs_tokens": "1" if self.token_chunk_size == 1 else (
-                "< tokens" if self.token_chunk_size < tokens else ">= tokens"),
-            "teacher_neg_inf": self.teacher_neg_inf, "overwrite": self.overwrite,
+            "chunk_vs_tokens": "1"
+            if self.token_chunk_size == 1
+            else ("< tokens" if self.token_chunk_size < tokens else ">= tokens"),
+            "teacher_neg_inf": self.teacher_neg_inf,
+            "overwrite": self.overwrite,
         }
 
 
@@ -113,9 +127,16 @@ def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
     single_bin = draw(st.integers(0, len(weights) - 1)) if draw(st.booleans()) else None
     reduction: ReductionChoice = draw(reductions())
     return SoftCECase(
-        shards=shards, mask=mask, token_chunk_size=draw(st.integers(1, batch * seq + 2)),
-        dtype=draw(dtype_names()), bin_weights=weights, single_bin=single_bin, seed=draw(st.integers(0, 2**16)),
-        reduction=reduction.model, reduction_seed=reduction.seed, teacher_neg_inf=draw(st.booleans()),
+        shards=shards,
+        mask=mask,
+        token_chunk_size=draw(st.integers(1, batch * seq + 2)),
+        dtype=draw(dtype_names()),
+        bin_weights=weights,
+        single_bin=single_bin,
+        seed=draw(st.integers(0, 2**16)),
+        reduction=reduction.model,
+        reduction_seed=reduction.seed,
+        teacher_neg_inf=draw(st.booleans()),
         overwrite=draw(st.booleans()),
     )
 
@@ -141,9 +162,14 @@ def _body(ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: i
     leaf = tensors["student"][..., columns].clone().requires_grad_(True)
     student = leaf * 1 if case.overwrite else leaf  # overwriting needs a non-leaf
     arguments = dict(
-        student_logits=student, teacher_logits=tensors["teacher"][..., columns].clone(), mask=tensors["mask"],
-        tp_group=ctx.groups.tp if case.tp > 1 else None, token_chunk_size=case.token_chunk_size,
-        bin_ids=tensors["bins"], weights=tensors["weights"], overwrite_student_with_grad=case.overwrite,
+        student_logits=student,
+        teacher_logits=tensors["teacher"][..., columns].clone(),
+        mask=tensors["mask"],
+        tp_group=ctx.groups.tp if case.tp > 1 else None,
+        token_chunk_size=case.token_chunk_size,
+        bin_ids=tensors["bins"],
+        weights=tensors["weights"],
+        overwrite_student_with_grad=case.overwrite,
     )
     if spoil_rank is not None:
         if ctx.rank == spoil_rank:
@@ -161,8 +187,13 @@ def _body(ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: i
 def _run(case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None) -> list[Any]:
     choice = ReductionChoice(case.reduction, case.reduction_seed)
     try:
-        return simdist.run(_body, layout=Layout(tp=case.tp), args=(case, tensors, spoil_rank), timeout=120.0,
-                           **choice.run_kwargs())
+        return simdist.run(
+            _body,
+            layout=Layout(tp=case.tp),
+            args=(case, tensors, spoil_rank),
+            timeout=120.0,
+            **choice.run_kwargs(),
+        )
     except simdist.SimulationError as error:
         raise AssertionError(
             f"soft_cross_entropy raised {type(error).__name__} (first failure: {error.__cause__!r}): {error}"
@@ -189,7 +220,11 @@ def check_soft_ce(case: SoftCECase) -> float:
     per_rank = _run(case, tensors, None)
     student64 = tensors["student"].to(torch.float64).requires_grad_(True)
     ref = reference_stats(
-        student64, tensors["teacher"].to(torch.float64), tensors["mask"], tensors["bins"], tensors["weights"],
+        student64,
+        tensors["teacher"].to(torch.float64),
+        tensors["mask"],
+        tensors["bins"],
+        tensors["weights"],
         num_bins=len(case.bin_weights),
     )
     (ref.numerators * tensors["upstream"].to(torch.float64)).sum().backward()
@@ -201,10 +236,13 @@ def check_soft_ce(case: SoftCECase) -> float:
     worst = 0.0
     for rank, (numerators, counts, grad) in enumerate(per_rank):
         rtol, atol = tol["numerators"]
-        worst = max(worst, _ratio(numerators, ref.numerators.detach(), rtol, atol * scale, f"TP rank {rank} numerators"))
+        worst = max(
+            worst,
+            _ratio(numerators, ref.numerators.detach(), rtol, atol * scale, f"TP rank {rank} numerators"),
+        )
         worst = max(worst, _ratio(counts, ref.counts, 0.0, 1e-6, f"TP rank {rank} counts"))
         start = sum(case.shards[:rank])
-        expected = student64.grad[..., start:start + case.shards[rank]]
+        expected = student64.grad[..., start : start + case.shards[rank]]
         rtol, atol = tol["grad"]
         worst = max(worst, _ratio(grad, expected, rtol, atol * grad_scale, f"TP rank {rank} gradient"))
     return worst
@@ -267,8 +305,11 @@ def _spoil(arguments: dict[str, Any], kind: str) -> None:
         a["student_logits"] = a["student_logits"].detach().to(other)
         a["overwrite_student_with_grad"] = False
     elif kind == "teacher_shape":
-        a["teacher_logits"] = a["teacher_logits"][..., :-1] if a["teacher_logits"].shape[-1] > 1 else torch.cat(
-            [a["teacher_logits"], a["teacher_logits"]], dim=-1)
+        a["teacher_logits"] = (
+            a["teacher_logits"][..., :-1]
+            if a["teacher_logits"].shape[-1] > 1
+            else torch.cat([a["teacher_logits"], a["teacher_logits"]], dim=-1)
+        )
     elif kind == "leading_shape_differs":
         vocab = a["student_logits"].shape[-1]
         # [batch, seq] tokens flattened to [tokens]: valid on its own, not what the peers pass.
@@ -279,7 +320,9 @@ def _spoil(arguments: dict[str, Any], kind: str) -> None:
     elif kind == "mask_shape":
         a["mask"] = torch.cat([a["mask"], a["mask"][:, :1]], dim=1)
     else:
-        raise ValueError(f"unknown soft_cross_entropy bad-input kind {kind!r}; expected one of {tuple(SOFT_CE_BAD_INPUT)}")
+        raise ValueError(
+            f"unknown soft_cross_entropy bad-input kind {kind!r}; expected one of {tuple(SOFT_CE_BAD_INPUT)}"
+        )
 
 
 def run_soft_ce_bad_input(case: SoftCECase) -> None:
@@ -287,7 +330,13 @@ def run_soft_ce_bad_input(case: SoftCECase) -> None:
     outcomes = _run(case, case.tensors(), case.bad_input["rank"])
     kind = case.bad_input["kind"]
     for rank, outcome in enumerate(outcomes):
-        assert outcome is not None, f"TP rank {rank} did not raise although rank {case.bad_input['rank']} had {kind}"
-        assert outcome == outcomes[0], f"TP ranks raised different errors: rank 0 {outcomes[0]}, rank {rank} {outcome}"
+        assert outcome is not None, (
+            f"TP rank {rank} did not raise although rank {case.bad_input['rank']} had {kind}"
+        )
+        assert outcome == outcomes[0], (
+            f"TP ranks raised different errors: rank 0 {outcomes[0]}, rank {rank} {outcome}"
+        )
     name, message = outcomes[0]
-    assert SOFT_CE_BAD_INPUT[kind] in message, f"{kind}: expected the error to say {SOFT_CE_BAD_INPUT[kind]!r}, got {name}: {message}"
+    assert SOFT_CE_BAD_INPUT[kind] in message, (
+        f"{kind}: expected the error to say {SOFT_CE_BAD_INPUT[kind]!r}, got {name}: {message}"
+    )

@@ -18,20 +18,17 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
 from cotrain_faults import assert_bitwise_equal  # noqa: E402
 from cotrain_harness import check_against, check_ranks_agree, reference_of  # noqa: E402
 from draft_cases import DraftCase, bad_input_cases, draft_cases, fault_cases  # noqa: E402
-from draft_loss.cotrain import CotrainWorker  # noqa: E402
 from draft_runs import (  # noqa: E402
     BAD_INPUT_MESSAGES,
     PEER_MESSAGE,
     agreed_representatives,
-    check_replicas_agree,
-    cover,
     check_params_and_metrics,
+    check_replicas_agree,
     check_updates,
+    cover,
     fault_then_retry,
     gradients_judged_against_reference,
     rank_batch,
@@ -42,8 +39,17 @@ from draft_runs import (  # noqa: E402
     unexpected_failures,
     worst_ratio,
 )
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from soft_ce_cases import (
+    SoftCECase,
+    check_soft_ce,
+    run_soft_ce_bad_input,
+    soft_ce_bad_input_cases,
+    soft_ce_cases,
+)
+
+from draft_loss.cotrain import CotrainWorker  # noqa: E402
 from simdist import fuzz  # noqa: E402
-from soft_ce_cases import SoftCECase, check_soft_ce, run_soft_ce_bad_input, soft_ce_bad_input_cases, soft_ce_cases  # noqa: E402
 
 # A case runs whole simulated worlds: no per-example deadline, and drawing
 # nested masks may be slow under load.
@@ -62,23 +68,45 @@ def test_layout_invariance(case: DraftCase) -> None:
     # DP replicas agree bitwise (checked here): comparing one of each checks them all.
     ranks = agreed_representatives(case, {case.mode: results})
     check_ranks_agree(case.layout, results, case.mode)
-    assert not results[0].skipped, f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
+    assert not results[0].skipped, (
+        f"{case.mode}: a valid step was skipped (non-finite grad norm {results[0].grad_norms})"
+    )
     reference = reference_of(case.config(), case.global_batch())
     rtol, atol = tolerance(case, "vs_reference")
     gradients = gradients_judged_against_reference(case)
     steer(
-        worst_ratio(case, results, lambda rank: reference, rtol=rtol, atol_fraction=atol, tp_sharded_expected=True,
-                    gradients=gradients, ranks=ranks),
+        worst_ratio(
+            case,
+            results,
+            lambda rank: reference,
+            rtol=rtol,
+            atol_fraction=atol,
+            tp_sharded_expected=True,
+            gradients=gradients,
+            ranks=ranks,
+        ),
         label="layout invariance: worst error / tolerance vs float64",
     )
     what = f"{case.mode} vs float64 reference"
     if gradients:
-        check_against(case.layout, results, lambda rank: reference, rtol=rtol, atol_fraction=atol,
-                      what=what, tp_sharded_expected=True, ranks=ranks)
+        check_against(
+            case.layout,
+            results,
+            lambda rank: reference,
+            rtol=rtol,
+            atol_fraction=atol,
+            what=what,
+            tp_sharded_expected=True,
+            ranks=ranks,
+        )
     else:
-        check_params_and_metrics(case, results, reference, rtol=rtol, atol_fraction=atol, what=what, ranks=ranks)
-    steer(check_updates(case, results, reference, ranks=ranks),
-          label="layout invariance: worst update error / tolerance (float32)")
+        check_params_and_metrics(
+            case, results, reference, rtol=rtol, atol_fraction=atol, what=what, ranks=ranks
+        )
+    steer(
+        check_updates(case, results, reference, ranks=ranks),
+        label="layout invariance: worst update error / tolerance (float32)",
+    )
 
 
 @relaxed
@@ -94,16 +122,31 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
     ranks = agreed_representatives(case, results)
     for mode, per_rank in results.items():
         check_ranks_agree(case.layout, per_rank, mode)
-        assert not per_rank[0].skipped, f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
+        assert not per_rank[0].skipped, (
+            f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
+        )
     rtol, atol = tolerance(case, "split_vs_monolithic")
     steer(
-        worst_ratio(case, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol, tp_sharded_expected=False,
-                    ranks=ranks),
+        worst_ratio(
+            case,
+            split,
+            lambda rank: mono[rank],
+            rtol=rtol,
+            atol_fraction=atol,
+            tp_sharded_expected=False,
+            ranks=ranks,
+        ),
         label="split vs monolithic: worst error / tolerance",
     )
     check_against(
-        case.layout, split, lambda rank: mono[rank], rtol=rtol, atol_fraction=atol,
-        what="split vs monolithic", tp_sharded_expected=False, ranks=ranks,
+        case.layout,
+        split,
+        lambda rank: mono[rank],
+        rtol=rtol,
+        atol_fraction=atol,
+        what="split vs monolithic",
+        tp_sharded_expected=False,
+        ranks=ranks,
     )
 
 
@@ -118,7 +161,9 @@ def test_fault_then_retry_equals_clean_run(case: DraftCase) -> None:
     clean, retried, outcome = fault_then_retry(case)
     cover(**case.cover(), warmup=case.warmup, fault_fired=bool(outcome.errors))
     problems = unexpected_failures(outcome)
-    assert not problems, "the faulty attempt failed in ways the fault does not explain:\n" + "\n".join(problems)
+    assert not problems, "the faulty attempt failed in ways the fault does not explain:\n" + "\n".join(
+        problems
+    )
     assert_bitwise_equal(retried, clean)
 
 
@@ -136,7 +181,9 @@ def test_bad_input_fails_on_every_rank(case: DraftCase) -> None:
         error = outcome["error"]
         assert error is not None, f"rank {rank} did not raise although rank {bad_rank} had bad input ({kind})"
         expected = BAD_INPUT_MESSAGES[kind] if rank == bad_rank else PEER_MESSAGE
-        assert expected in str(error), f"rank {rank}: expected an error saying {expected!r}, got {type(error).__name__}: {error}"
+        assert expected in str(error), (
+            f"rank {rank}: expected an error saying {expected!r}, got {type(error).__name__}: {error}"
+        )
         assert outcome["state"] == "idle", f"rank {rank}: draft state left in phase {outcome['state']}"
 
 
@@ -190,4 +237,8 @@ def _chunk_feature(case: DraftCase) -> str:
     tokens = rows * case.seq_len  # the tokens of one microbatch on DP rank 0
     if case.token_chunk_size == 1:
         return "1"
-    return "< tokens" if case.token_chunk_size < tokens else ("= tokens" if case.token_chunk_size == tokens else "> tokens")
+    return (
+        "< tokens"
+        if case.token_chunk_size < tokens
+        else ("= tokens" if case.token_chunk_size == tokens else "> tokens")
+    )

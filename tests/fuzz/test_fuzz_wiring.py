@@ -11,15 +11,15 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
 import mutants  # noqa: E402
+import pytest  # noqa: E402
 import test_draft_properties as properties  # noqa: E402
+import torch  # noqa: E402
 from draft_cases import DraftCase, bad_input_cases, fault_cases  # noqa: E402
-from simdist.fuzz._property import spec_of  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from soft_ce_cases import SoftCECase, soft_ce_bad_input_cases  # noqa: E402
+
+from simdist.fuzz._property import spec_of  # noqa: E402
 
 quick = settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
@@ -30,7 +30,11 @@ def test_draft_cases_survive_json_and_rebuild_the_same_tensors(case: DraftCase) 
     decoded = DraftCase.from_json(json.loads(json.dumps(case.to_json())))
     assert decoded == case
     for a, b in zip(decoded.batches(), case.batches()):
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(a.bin_ids, b.bin_ids)
+        assert (
+            torch.equal(a.tokens, b.tokens)
+            and torch.equal(a.mask, b.mask)
+            and torch.equal(a.bin_ids, b.bin_ids)
+        )
 
 
 @quick
@@ -51,9 +55,21 @@ def test_soft_ce_cases_survive_json_and_rebuild_the_same_tensors(case: SoftCECas
 def _tiny_case(**overrides) -> DraftCase:
     """tp=2, dp=2, pp=2; DP rank 0 has three (one fractional) valid tokens, rank 1 none."""
     fields = dict(
-        tp=2, dp=2, pp=2, microbatches=1, seq_len=3, masks=((((1.0, 1.0, 0.5),),), (((0.0, 0.0, 0.0),),)),
-        vocab_size=4, token_chunk_size=2, dtype="float32", bin_weights=(1.0, 0.0), single_bin=None, seed=5,
-        reduction="tree", reduction_seed=0, clip=False,
+        tp=2,
+        dp=2,
+        pp=2,
+        microbatches=1,
+        seq_len=3,
+        masks=((((1.0, 1.0, 0.5),),), (((0.0, 0.0, 0.0),),)),
+        vocab_size=4,
+        token_chunk_size=2,
+        dtype="float32",
+        bin_weights=(1.0, 0.0),
+        single_bin=None,
+        seed=5,
+        reduction="tree",
+        reduction_seed=0,
+        clip=False,
     )
     return DraftCase(**(fields | overrides))
 
@@ -87,8 +103,20 @@ def test_a_replayed_case_fails_under_a_mutant() -> None:
 def test_each_mutant_changes_draft_loss_and_its_undo_restores_it(name: str) -> None:
     from draft_loss import _sgd, cotrain, grads, soft_ce, stats, step_state
 
-    modules = (_sgd, cotrain, grads, soft_ce, stats, step_state, soft_ce.v, cotrain.CotrainWorker,
-               soft_ce.TilePlan, stats.DraftLossStats, step_state.DraftStepState, _sgd.MomentumSGD)
+    modules = (
+        _sgd,
+        cotrain,
+        grads,
+        soft_ce,
+        stats,
+        step_state,
+        soft_ce.v,
+        cotrain.CotrainWorker,
+        soft_ce.TilePlan,
+        stats.DraftLossStats,
+        step_state.DraftStepState,
+        _sgd.MomentumSGD,
+    )
 
     def state() -> list[dict]:
         return [dict(vars(m)) for m in modules]

@@ -4,7 +4,8 @@ worker: the campaign reports a crash (exit 3), apart from property failures."""
 import os
 import signal
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @given(st.integers())

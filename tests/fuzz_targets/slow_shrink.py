@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simdist import fuzz
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simdist import fuzz
 
@@ -25,7 +26,7 @@ class ListCase:
         return {"values": list(self.values)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "ListCase":
+    def from_json(cls, data: dict) -> ListCase:
         return cls(tuple(int(v) for v in data["values"]))
 
 
