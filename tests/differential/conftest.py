@@ -1,0 +1,71 @@
+"""pytest wiring of the differential target: import paths, the planted simdist bug, profiles.
+
+- ``SIMDIST_MUTANT=<name>`` plants that bug of ``simdist_mutants.py`` in simdist's
+  ops for the whole session (an unknown name fails at once, listing the valid
+  ones), so a campaign can be run against it in its own process.
+- Under the test suite's profiles the properties of this folder run a few
+  derandomised examples (each costs a simdist world and a gloo one); a campaign
+  worker (``SIMDIST_FUZZ_WORKER=1``) and an explicit ``--hypothesis-profile``
+  are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+_HERE = Path(__file__).resolve().parent
+for _folder in (_HERE, _HERE.parent):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+import simdist_mutants  # noqa: E402
+
+FALLBACK_PROFILE = "simdist-diff-regular"
+_RELAXED: dict[str, Any] = {
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+}
+PROFILES: dict[str, dict[str, Any]] = {
+    # The regular suite: a handful of derandomised programs (the same every run).
+    FALLBACK_PROFILE: {"max_examples": 8, "derandomize": True, "print_blob": True},
+    "simdist-diff-nightly": {"max_examples": 60, "print_blob": True},
+}
+for _name, _options in PROFILES.items():
+    settings.register_profile(_name, **_RELAXED, **_options)
+
+_undo_mutant = simdist_mutants.apply_from_environment()
+
+SUITE_PROFILES = {
+    "default": FALLBACK_PROFILE,
+    "dev": FALLBACK_PROFILE,
+    "ci": FALLBACK_PROFILE,
+    "nightly": "simdist-diff-nightly",
+}
+
+
+def _profile_for_this_folder() -> str | None:
+    if os.environ.get("SIMDIST_FUZZ_WORKER") == "1":
+        return None
+    return SUITE_PROFILES.get(settings.get_current_profile_name())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    profile = _profile_for_this_folder() if isinstance(collector, pytest.Module) else None
+    if profile is None:
+        yield
+        return
+    previous = settings.get_current_profile_name()
+    settings.load_profile(profile)
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)

@@ -1,0 +1,287 @@
+"""The registry of known differences between simdist and gloo.
+
+The differential property reports only differences that no entry here
+explains. Every entry says why the difference exists and names the test that
+pins it (``test_known_differences.py``: the minimal program still shows the
+difference exactly as described, so an entry whose difference was fixed
+fails its pin and is removed). ``pending`` names the branch expected to remove
+the entry by fixing simdist; entries without it are documented, intended
+differences (README: "Where simdist differs from gloo and NCCL").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from diff_compare import Difference
+from diff_program import Program
+
+
+@dataclass(frozen=True)
+class Known:
+    name: str
+    reason: str
+    example: dict[str, Any]  # the minimal program that shows it (Program.to_json form)
+    matches: Callable[[Program, dict[str, Any], Difference], bool]
+    pending: str | None = None  # the helper/branch fixing it; None: documented difference
+
+    @property
+    def pinned_by(self) -> str:
+        return f"tests/differential/test_known_differences.py::test_pinned[{self.name}]"
+
+    def program(self) -> Program:
+        return Program.from_json(self.example)
+
+
+# gloo moves the version counter of these ops' outputs (torch 2.13); simdist moves none.
+VERSION_BUMPING = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "all_to_all",
+)
+
+
+def _version_counters(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    if s["op"] not in VERSION_BUMPING:
+        return False
+    if d.aspect == "versions":
+        return True
+    return d.aspect == "backward" and "inplace-modified" in d.gloo
+
+
+NON_CONTIGUOUS = ("strided", "transposed")
+# gloo hands these ops' tensors to its C++ side as if they were contiguous.
+WRITTEN_AS_CONTIGUOUS = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all_single",
+)
+
+
+def _non_contiguous_p2p(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    """gloo refuses non-contiguous send and recv tensors; the peer then waits forever."""
+    if s["op"] not in ("send_recv", "batch_ring") or s["view"] not in NON_CONTIGUOUS:
+        return False
+    return d.aspect == "status"
+
+
+def _non_contiguous_written_as_contiguous(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return s["op"] in WRITTEN_AS_CONTIGUOUS and s["view"] in NON_CONTIGUOUS
+
+
+def _non_contiguous_into_tensor(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return (
+        s["op"] in ("all_gather_into_tensor", "reduce_scatter_tensor")
+        and s["view"] in NON_CONTIGUOUS
+        and d.aspect == "status"
+        and "must be contiguous" in d.simdist
+    )
+
+
+def _completes_without_a_member(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    """A member skipped a call: on gloo, members that need nothing from it return
+    (a broadcast receiver, any member when the tensors are empty); simdist's
+    members all wait for the missing one."""
+    return s["skip"] and d.aspect == "status" and d.gloo == "ok" and "hang" in d.simdist
+
+
+def _stacked_all_gather_into_tensor(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return (
+        s["op"] == "all_gather_into_tensor"
+        and (s["stack"] or s["shape"] == [])
+        and d.aspect == "status"
+        and "invalid tensor size" in d.gloo
+    )
+
+
+def _stacked_reduce_scatter_tensor(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return (
+        s["op"] == "reduce_scatter_tensor"
+        and (s["stack"] or s["shape"] == [])
+        and d.aspect == "status"
+        and d.gloo.startswith("error")
+        and d.simdist == "ok"
+    )
+
+
+def _complex_reduce_scatter(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return (
+        s["op"] == "reduce_scatter"
+        and s["dtype"] == "complex64"
+        and d.aspect == "status"
+        and "complex dtype" in d.simdist
+    )
+
+
+def _work_result(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return d.aspect == "result_aliases"
+
+
+def _avg_version_counter(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    """gloo computes AVG as SUM followed by an in-place division, which autograd sees."""
+    if s["red"] != "AVG" or s["op"] not in (
+        "all_reduce",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+    ):
+        return False
+    return d.aspect == "versions" or (d.aspect == "backward" and "inplace-modified" in d.gloo)
+
+
+def _mismatch_detected(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    """Members reached different calls (a skipped step): gloo pairs them blindly
+    and hangs, simdist names the mismatch."""
+    return d.aspect == "status" and "CollectiveMismatchError" in d.simdist and d.gloo.startswith("hang")
+
+
+def _nn_gloo_branch(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return s["op"] == "nn_all_gather" and d.aspect == "status" and "is not part of group" in d.gloo
+
+
+KNOWN: tuple[Known, ...] = (
+    Known(
+        "version-counters",
+        "gloo bumps autograd's _version of the outputs of all_gather (+1 per output), "
+        "all_gather_into_tensor, reduce_scatter(_tensor), gather (root) and all_to_all (+1 per "
+        "output); simdist bumps none, so backward through a tensor saved before the call "
+        "computes a gradient where gloo refuses ('modified by an inplace operation')",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_gather", "saved": True}]},
+        _version_counters,
+        pending="backend (issue 18.1)",
+    ),
+    Known(
+        "non-contiguous-p2p",
+        "gloo's send/recv/isend/irecv (batch_isend_irecv too) refuse a non-contiguous tensor "
+        "('input tensor has to be contiguous'), and the peer then waits forever; simdist sends "
+        "and receives through the strided view",
+        {"world": 2, "seed": 1, "steps": [{"op": "send_recv", "root": 0, "peer": 1, "view": "strided"}]},
+        _non_contiguous_p2p,
+        pending="backend (reported by diff)",
+    ),
+    Known(
+        "non-contiguous-written-as-contiguous",
+        "gloo's all_reduce, reduce, broadcast, scatter, reduce_scatter (list) and "
+        "all_to_all_single treat a non-contiguous output as if it were contiguous: they write the "
+        "first numel elements of its storage (outside the view) and leave the view's own elements "
+        "wrong, silently; NCCL refuses such tensors ('Tensors must be contiguous'); simdist writes "
+        "the view correctly, so a test passes on simdist that computes garbage on gloo",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_reduce", "view": "strided", "dtype": "int64"}]},
+        _non_contiguous_written_as_contiguous,
+        pending="backend (reported by diff: refuse, as NCCL does)",
+    ),
+    Known(
+        "non-contiguous-into-tensor",
+        "all_gather_into_tensor and reduce_scatter_tensor with a non-contiguous output: gloo "
+        "accepts it; simdist refuses ('output_tensor must be contiguous'), as NCCL does. "
+        "Intended: the stricter of the two real backends",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_gather_into_tensor", "view": "strided"}]},
+        _non_contiguous_into_tensor,
+    ),
+    Known(
+        "completes-without-a-member",
+        "when a member never makes a call, gloo's members that need nothing from it return: a "
+        "broadcast's receivers when the missing member is not the root, every member when the "
+        "tensors have no elements; simdist's members all wait (DeadlockError), as the program "
+        "hangs on gloo too (the root, or the next call). Intended: simdist is stricter",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_gather", "shape": [0], "skip": True}]},
+        _completes_without_a_member,
+    ),
+    Known(
+        "stacked-all-gather-into-tensor",
+        "gloo's all_gather_into_tensor accepts only the concatenated output ([n * d0, ...]): it "
+        "refuses the stacked form [n, *shape] that torch documents (and NCCL accepts), 0-dim "
+        "inputs included ('ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected "
+        "(1), got (1, 1))'); simdist accepts both forms, as NCCL does",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_gather_into_tensor", "shape": []}]},
+        _stacked_all_gather_into_tensor,
+        pending="backend (reported by diff)",
+    ),
+    Known(
+        "stacked-reduce-scatter-tensor",
+        "gloo's reduce_scatter_tensor needs input dim 0 = n * output dim 0 ('Check failed: "
+        "outputShape[0] * worldSize == inputShape[0]', or 'output with shape [1] doesn't match the "
+        "broadcast shape [1, 1]'): it refuses the stacked [n, *shape] input torch documents (and "
+        "NCCL accepts), and a 0-dim output kills the gloo process (SIGSEGV); "
+        "simdist accepts both forms, as NCCL does",
+        {"world": 2, "seed": 1, "steps": [{"op": "reduce_scatter_tensor", "shape": [2], "stack": True}]},
+        _stacked_reduce_scatter_tensor,
+        pending="backend (reported by diff)",
+    ),
+    Known(
+        "complex-reduce-scatter",
+        "gloo reduce_scatter (list form) of complex tensors with SUM succeeds; simdist refuses "
+        "complex dtypes ('complex dtype torch.complex64 is not supported')",
+        {"world": 2, "seed": 1, "steps": [{"op": "reduce_scatter", "dtype": "complex64"}]},
+        _complex_reduce_scatter,
+        pending="backend (reported by diff)",
+    ),
+    Known(
+        "avg-version-counter",
+        "gloo computes AVG as SUM and then divides the result in place with a torch op, which "
+        "moves the version counter (all_reduce, reduce on every member, reduce_scatter); simdist "
+        "moves none, so backward through a tensor saved before the call differs as for "
+        "version-counters",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_reduce", "red": "AVG", "saved": True}]},
+        _avg_version_counter,
+        pending="backend (reported by diff, with issue 18.1)",
+    ),
+    Known(
+        "mismatch-detected",
+        "members reach different collectives at the same point of a group (a member skipped "
+        "one): gloo pairs them by order and hangs (or computes garbage); simdist raises "
+        "CollectiveMismatchError naming both calls. Intended: simdist is stricter",
+        {
+            "world": 2,
+            "seed": 1,
+            "steps": [{"op": "all_reduce", "skip": True}, {"op": "broadcast", "root": 1}],
+        },
+        _mismatch_detected,
+    ),
+    Known(
+        "nn-functional-gloo-branch",
+        "torch.distributed.nn.functional branches on the backend's name: under gloo, all_gather's "
+        "backward goes through _AlltoAll, which emulates all_to_all with dist.scatter(..., src=i) "
+        "passing a group rank where a global rank is expected, so it fails on a subgroup that is "
+        "not ranks 0..n-1 ('Global rank 1 is not part of group'), a torch bug; under simdist "
+        "(neither gloo nor NCCL) torch takes its generic all_to_all path, which works",
+        {"world": 3, "seed": 1, "steps": [{"op": "nn_all_gather", "group": [0, 2]}]},
+        _nn_gloo_branch,
+    ),
+    Known(
+        "work-result",
+        "work.result() (a deprecated API) differs: gloo's raises for isend/irecv Works and returns "
+        "every output of all_gather_into_tensor's Work; simdist returns the written tensors "
+        "(harmless: the results are in the tensors passed)",
+        {"world": 2, "seed": 1, "steps": [{"op": "send_recv", "root": 0, "peer": 1, "async": True}]},
+        _work_result,
+        pending="backend (reported by diff)",
+    ),
+)
+
+
+def explain(program: Program, d: Difference) -> Known | None:
+    s = program.steps[d.index]
+    for known in KNOWN:
+        if known.matches(program, s, d):
+            return known
+    return None
+
+
+def new_differences(program: Program, found: list[Difference]) -> list[Difference]:
+    """The differences no registry entry explains. A known difference in whether a
+    call was made (one world refused or hung) changes what every later step
+    sees, so differences after it are its consequences, not new ones."""
+    cut = min(
+        (d.index for d in found if d.aspect == "status" and explain(program, d) is not None),
+        default=len(program.steps),
+    )
+    return [d for d in found if d.index <= cut and explain(program, d) is None]
