@@ -9,6 +9,8 @@ also run on the CPU everywhere, so their own logic is checked without a GPU.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,3 +161,47 @@ def test_collectives_inside_backward(device: str) -> None:
     for rank, grad in enumerate(grads):
         k = rank + 1
         assert torch.equal(grad, torch.full((4,), 6.0 * k))
+
+
+# --------------------------------------------------------------------------- #
+# The differential campaign's programs on CUDA and NCCL (tests/differential)
+# --------------------------------------------------------------------------- #
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "differential"))
+import diff_worlds  # noqa: E402
+from diff_compare import compare  # noqa: E402
+from test_mutants_caught import CATCHING  # noqa: E402
+
+# Version counters, gradients through saved tensors and work.result() were
+# measured against gloo only; NCCL's are not known here, so they are not compared.
+NCCL_ASPECTS = ("status", "values", "buffers", "objects", "forward", "grad", "returned")
+# NCCL has no bitwise reductions; strided outputs are refused by NCCL ("Tensors
+# must be contiguous") where simdist writes them.
+DIFFERENTIAL_PROGRAMS = {
+    name: program
+    for name, program in CATCHING.items()
+    if not any(s["red"] in ("BAND", "BOR", "BXOR") or s["view"] != "contig" for s in program.steps)
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(DIFFERENTIAL_PROGRAMS))
+def test_differential_program_on_simdist_device(name: str, device: str) -> None:
+    """simdist gives the same outcome for the program with CUDA tensors as with CPU ones."""
+    program = DIFFERENTIAL_PROGRAMS[name]
+    on_cpu = diff_worlds.run_simdist(program)
+    on_device = diff_worlds.run_simdist(program, device=device)
+    found = compare(program, on_cpu, on_device)
+    assert not found, "\n".join(str(d) for d in found)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(DIFFERENTIAL_PROGRAMS))
+def test_differential_program_on_nccl(name: str) -> None:
+    program = DIFFERENTIAL_PROGRAMS[name]
+    if _gpus() < program.world:
+        pytest.skip(f"{program.world} NCCL ranks need {program.world} GPUs, this node has {_gpus()}")
+    nccl = diff_worlds.run_cold(program, backend="nccl", device="cuda", timeout=TIMEOUT_S)
+    sim = diff_worlds.run_simdist(program, device="cuda")
+    found = [d for d in compare(program, nccl, sim) if d.aspect in NCCL_ASPECTS]
+    assert not found, f"{program}:\n" + "\n".join(str(d) for d in found)

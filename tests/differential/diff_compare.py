@@ -66,12 +66,19 @@ def order_defined(program: Program, s: dict[str, Any]) -> bool:
 
 def compare(program: Program, gloo: Outcome, sim: Outcome) -> list[Difference]:
     found: list[Difference] = []
+    # A gloo process that died took its world with it: later steps are not compared.
+    crashed_at = min(
+        (i for recs in gloo.ranks for i, r in recs.items() if r.get("type") == "crash"),
+        default=len(program.steps),
+    )
     for rank in range(program.world):
         # A rank stuck in both worlds agrees on the hang; where it is stuck may
         # read differently (an async call is waited for later), and what it
         # never reached is not compared.
         both_hung = _hung(gloo.ranks[rank]) and _hung(sim.ranks[rank])
         for index, s in enumerate(program.steps):
+            if index > crashed_at:
+                break
             g, m = gloo.ranks[rank].get(index), sim.ranks[rank].get(index)
             if both_hung and (_unfinished(g) or _unfinished(m)):
                 continue

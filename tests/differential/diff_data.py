@@ -53,16 +53,16 @@ def placed(data: torch.Tensor, view: str) -> tuple[torch.Tensor, torch.Tensor]:
     shape = list(data.shape)
     fill = True if data.dtype == torch.bool else SENTINEL
     if view == "offset":
-        buffer = torch.full((data.numel() + 3,), fill, dtype=data.dtype)
+        buffer = torch.full((data.numel() + 3,), fill, dtype=data.dtype, device=data.device)
         tensor = buffer[3:].view(shape)
     elif view == "strided" and len(shape) >= 1:
-        buffer = torch.full((*shape[:-1], 2 * shape[-1]), fill, dtype=data.dtype)
+        buffer = torch.full((*shape[:-1], 2 * shape[-1]), fill, dtype=data.dtype, device=data.device)
         tensor = buffer[..., ::2]
     elif view == "transposed" and len(shape) >= 2:
-        buffer = torch.full((*shape[:-2], shape[-1], shape[-2]), fill, dtype=data.dtype)
+        buffer = torch.full((*shape[:-2], shape[-1], shape[-2]), fill, dtype=data.dtype, device=data.device)
         tensor = buffer.transpose(-1, -2)
     else:
-        buffer = torch.empty(shape, dtype=data.dtype)
+        buffer = torch.empty(shape, dtype=data.dtype, device=data.device)
         tensor = buffer
     tensor.copy_(data)
     return buffer, tensor

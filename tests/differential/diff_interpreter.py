@@ -38,8 +38,11 @@ def make_groups(program: Program) -> dict[tuple[int, ...], Any]:
     return groups
 
 
-def run_rank(rank: int, program: Program, groups: dict[tuple[int, ...], Any], emit: Emit) -> None:
-    """Run every step this rank takes part in; ``emit(index, record)`` after each."""
+def run_rank(
+    rank: int, program: Program, groups: dict[tuple[int, ...], Any], emit: Emit, device: Any = "cpu"
+) -> None:
+    """Run every step this rank takes part in, with its tensors on ``device``;
+    ``emit(index, record)`` after each (tensors in records are on the CPU)."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     pending: list[tuple[int, _Call]] = []
@@ -49,7 +52,7 @@ def run_rank(rank: int, program: Program, groups: dict[tuple[int, ...], Any], em
             emit(index, {"status": "skip"})
             continue
         group = None if s["group"] is None else groups[tuple(s["group"])]
-        step_env = _Env(rank, program, s, index, members, group)
+        step_env = _Env(rank, program, s, index, members, group, torch.device(device))
         try:
             call = _HANDLERS[s["op"]](step_env)
         except Exception as exc:
@@ -85,6 +88,7 @@ class _Env:
     index: int
     members: list[int]
     group: Any
+    device: torch.device
 
     @property
     def n(self) -> int:
@@ -104,7 +108,11 @@ class _Env:
 
     def data(self, tag: str, shape: list[int] | None = None, rank: int | None = None) -> torch.Tensor:
         gen = D.generator(self.program.seed, self.rank if rank is None else rank, self.index, tag)
-        return D.values(gen, list(self.s["shape"] if shape is None else shape), self.dtype, self.s["values"])
+        data = D.values(gen, list(self.s["shape"] if shape is None else shape), self.dtype, self.s["values"])
+        return data.to(self.device)
+
+    def zeros(self, shape: list[int]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def root_kw(self, name: str) -> dict[str, int]:
         """``src=``/``dst=`` as a global rank, or ``group_src=``/``group_dst=``."""
@@ -161,8 +169,8 @@ class _Call:
             return _error_record(exc)
         record: Record = {"status": "ok", **self.extra}
         record["versions"] = {k: t._version - self.versions[k] for k, t in self.written.items()}
-        record["values"] = {k: t.detach().clone() for k, t in self.written.items()}
-        record["buffers"] = {k: b.detach().clone() for k, b in self.buffers.items()}
+        record["values"] = {k: t.detach().cpu().clone() for k, t in self.written.items()}
+        record["buffers"] = {k: b.detach().cpu().clone() for k, b in self.buffers.items()}
         if self.read is not None:
             try:
                 record.update(self.read())
@@ -192,7 +200,7 @@ def _backward(loss: Any, leaves: list[torch.Tensor]) -> Any:
     except Exception as exc:
         text = str(exc)
         return "inplace-modified" if "modified by an inplace operation" in text else f"{type(exc).__name__}"
-    return [leaf.grad.clone() if leaf.grad is not None else None for leaf in leaves]
+    return [leaf.grad.cpu().clone() if leaf.grad is not None else None for leaf in leaves]
 
 
 # ------------------------------------------------------------------ handlers
@@ -249,7 +257,7 @@ def _chunk(big: torch.Tensor, e: _Env, j: int) -> torch.Tensor:
 
 def _all_gather_into_tensor(e: _Env) -> _Call:
     c = _Call(e)
-    out = c.out("out", torch.zeros(_cat_shape(e), dtype=e.dtype))
+    out = c.out("out", e.zeros(_cat_shape(e)))
     if e.s["inplace"]:
         t = _chunk(out, e, e.me)
         t.copy_(e.data("in"))
@@ -278,7 +286,7 @@ def _reduce_scatter_tensor(e: _Env) -> _Call:
         out = _chunk(big, e, e.me)
     else:
         big = e.data("in", _cat_shape(e))
-        out = c.out("out", torch.zeros(list(e.s["shape"]), dtype=e.dtype))
+        out = c.out("out", e.zeros(list(e.s["shape"])))
     c.save_for_backward()
     return c.start(dist.reduce_scatter_tensor(out, big, op=e.red, group=e.group, async_op=e.s["async"]))
 
@@ -310,7 +318,7 @@ def _rows(e: _Env, src: int, dst: int) -> list[int]:
 
 def _all_to_all(e: _Env) -> _Call:
     c = _Call(e)
-    outs = [c.out(f"o{i}", torch.zeros(_rows(e, i, e.me), dtype=e.dtype)) for i in range(e.n)]
+    outs = [c.out(f"o{i}", e.zeros(_rows(e, i, e.me))) for i in range(e.n)]
     ins = [e.data(f"in{j}", _rows(e, e.me, j)) for j in range(e.n)]
     c.save_for_backward()
     return c.start(dist.all_to_all(outs, ins, group=e.group, async_op=e.s["async"]))
@@ -332,7 +340,7 @@ def _all_to_all_single(e: _Env) -> _Call:
     uneven = _splits(e)
     shape = _cat_shape(e)
     in_shape, out_shape, in_splits, out_splits = uneven or (shape, shape, None, None)
-    out = c.out("out", torch.zeros(out_shape, dtype=e.dtype))
+    out = c.out("out", e.zeros(out_shape))
     inp = e.data("in", in_shape)
     c.save_for_backward()
     work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=e.group, async_op=e.s["async"])
@@ -444,7 +452,10 @@ def _differentiable(e: _Env) -> _Call:
     def read() -> dict[str, Any]:
         loss.backward()
         grad = x.grad
-        return {"forward": [y.detach().clone() for y in ys], "grad": None if grad is None else grad.clone()}
+        return {
+            "forward": [y.detach().cpu().clone() for y in ys],
+            "grad": None if grad is None else grad.cpu(),
+        }
 
     c.read = read
     return c

@@ -112,9 +112,9 @@ def _stacked_reduce_scatter_tensor(program: Program, s: dict[str, Any], d: Diffe
     )
 
 
-def _complex_reduce_scatter(program: Program, s: dict[str, Any], d: Difference) -> bool:
+def _complex_reductions(program: Program, s: dict[str, Any], d: Difference) -> bool:
     return (
-        s["op"] == "reduce_scatter"
+        s["op"] in ("reduce", "reduce_scatter")
         and s["dtype"] == "complex64"
         and d.aspect == "status"
         and "complex dtype" in d.simdist
@@ -141,6 +141,19 @@ def _mismatch_detected(program: Program, s: dict[str, Any], d: Difference) -> bo
     """Members reached different calls (a skipped step): gloo pairs them blindly
     and hangs, simdist names the mismatch."""
     return d.aspect == "status" and "CollectiveMismatchError" in d.simdist and d.gloo.startswith("hang")
+
+
+def _uneven_all_to_all(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return (
+        s["op"] == "all_to_all"
+        and s["uneven"]
+        and d.aspect == "status"
+        and "ProcessGroupGloo::alltoall: invalid tensor size" in d.gloo
+    )
+
+
+def _autograd_visible_copies(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return s["saved"] and d.aspect == "status" and "is a view and is being modified inplace" in d.gloo
 
 
 def _nn_gloo_branch(program: Program, s: dict[str, Any], d: Difference) -> bool:
@@ -217,11 +230,12 @@ KNOWN: tuple[Known, ...] = (
         pending="backend (reported by diff)",
     ),
     Known(
-        "complex-reduce-scatter",
-        "gloo reduce_scatter (list form) of complex tensors with SUM succeeds; simdist refuses "
-        "complex dtypes ('complex dtype torch.complex64 is not supported')",
+        "complex-reductions",
+        "gloo's reduce and reduce_scatter (list form) of complex tensors with SUM succeed (torch "
+        "turns only all_reduce's complex tensors into real views before the backend sees them); "
+        "simdist refuses complex dtypes there ('complex dtype torch.complex64 is not supported')",
         {"world": 2, "seed": 1, "steps": [{"op": "reduce_scatter", "dtype": "complex64"}]},
-        _complex_reduce_scatter,
+        _complex_reductions,
         pending="backend (reported by diff)",
     ),
     Known(
@@ -245,6 +259,24 @@ KNOWN: tuple[Known, ...] = (
             "steps": [{"op": "all_reduce", "skip": True}, {"op": "broadcast", "root": 1}],
         },
         _mismatch_detected,
+    ),
+    Known(
+        "uneven-all-to-all",
+        "gloo's all_to_all (list form) needs every output tensor to have the size of the input "
+        "tensor of the same index ('ProcessGroupGloo::alltoall: invalid tensor size at index 1 "
+        "(expected (0), got (2))'); torch documents uneven sizes and NCCL accepts them; so does "
+        "simdist. Intended: NCCL's semantics",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_to_all", "uneven": True, "shape": [2]}]},
+        _uneven_all_to_all,
+    ),
+    Known(
+        "autograd-visible-gloo-copies",
+        "gloo's all_gather_into_tensor splits its output with a torch op autograd records, so an "
+        "output that requires grad (a non-leaf) is refused ('Output 0 of Split is a view and is "
+        "being modified inplace'); simdist writes outputs outside autograd",
+        {"world": 2, "seed": 1, "steps": [{"op": "all_gather_into_tensor", "saved": True}]},
+        _autograd_visible_copies,
+        pending="backend (reported by diff, with issue 18.1)",
     ),
     Known(
         "nn-functional-gloo-branch",

@@ -62,7 +62,7 @@ def _simdist_body(ctx: Any, program: Program, sink_id: int) -> None:
     with _sink_lock:
         sink = _sinks[sink_id].setdefault(ctx.rank, {})
     groups = diff_interpreter.make_groups(program)
-    diff_interpreter.run_rank(ctx.rank, program, groups, sink.__setitem__)
+    diff_interpreter.run_rank(ctx.rank, program, groups, sink.__setitem__, ctx.device)
 
 
 def run_simdist(program: Program, timeout: float = 60.0, **options: Any) -> Outcome:
@@ -286,6 +286,30 @@ def gloo_worlds() -> GlooWorlds:
         _worlds = GlooWorlds(keep=int(os.environ.get("SIMDIST_DIFF_WORLDS", "5")))
         atexit.register(_worlds.close)
     return _worlds
+
+
+def _records_body(ctx: Any, program: Program) -> Records:
+    records: Records = {}
+    groups = diff_interpreter.make_groups(program)
+    diff_interpreter.run_rank(ctx.rank, program, groups, records.__setitem__, ctx.device)
+    return records
+
+
+def run_cold(program: Program, backend: str = "gloo", device: str = "cpu", timeout: float = 120.0) -> Outcome:
+    """The program on a world started for it (``simdist.run_processes``): the way
+    to run it on NCCL. A rank that fails takes the world down: outcome only for
+    programs every rank completes."""
+    from simdist.launch import run_processes
+
+    ranks = run_processes(
+        _records_body,
+        world_size=program.world,
+        backend=backend,
+        device=device,
+        args=(program,),
+        timeout=timeout,
+    )
+    return Outcome(list(ranks))
 
 
 def run_gloo(program: Program, expect_hang: bool = True) -> Outcome:
