@@ -39,7 +39,7 @@ def catalogue() -> tuple[list[str], dict[str, str]]:
     return sorted(module.MUTANTS), dict(module.FAMILIES)
 
 
-def hunt(mutant: str, budget: float, seed: int, workers: int) -> dict:
+def hunt(mutant: str, budget: float, seed: int, workers: int, grace: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         start = time.perf_counter()
@@ -99,6 +99,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per campaign")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--grace", type=float, default=60.0, help="seconds to shrink a failure past the budget")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args()
     names, families = catalogue()
@@ -106,7 +107,7 @@ def main() -> int:
         names = args.mutants.split(",")
     rows = []
     for name in names:
-        row = hunt(name, args.budget, args.seed, args.workers)
+        row = hunt(name, args.budget, args.seed, args.workers, args.grace)
         rows.append(row)
         status = "caught" if row["detected"] else f"SURVIVED (exit {row['exit']})"
         first = f"{row['first_failing_s']:.1f} s" if row["first_failing_s"] is not None else "-"

@@ -114,7 +114,7 @@ def _stacked_reduce_scatter_tensor(program: Program, s: dict[str, Any], d: Diffe
 
 def _complex_reductions(program: Program, s: dict[str, Any], d: Difference) -> bool:
     return (
-        s["op"] in ("reduce", "reduce_scatter")
+        s["op"] in ("reduce", "reduce_scatter", "reduce_scatter_tensor")
         and s["dtype"] == "complex64"
         and d.aspect == "status"
         and "complex dtype" in d.simdist
@@ -141,6 +141,21 @@ def _mismatch_detected(program: Program, s: dict[str, Any], d: Difference) -> bo
     """Members reached different calls (a skipped step): gloo pairs them blindly
     and hangs, simdist names the mismatch."""
     return d.aspect == "status" and "CollectiveMismatchError" in d.simdist and d.gloo.startswith("hang")
+
+
+def _complex_gather(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    return (
+        s["op"] == "gather"
+        and s["dtype"] == "complex64"
+        and d.aspect == "status"
+        and "Invalid scalar type" in d.gloo
+    )
+
+
+def _reduce_non_root_scratch(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    """gloo's reduce uses the non-root members' tensors as scratch space."""
+    members = program.members(s)
+    return s["op"] == "reduce" and d.aspect == "backward" and members.index(d.rank) != s["root"]
 
 
 def _uneven_all_to_all(program: Program, s: dict[str, Any], d: Difference) -> bool:
@@ -231,9 +246,10 @@ KNOWN: tuple[Known, ...] = (
     ),
     Known(
         "complex-reductions",
-        "gloo's reduce and reduce_scatter (list form) of complex tensors with SUM succeed (torch "
-        "turns only all_reduce's complex tensors into real views before the backend sees them); "
-        "simdist refuses complex dtypes there ('complex dtype torch.complex64 is not supported')",
+        "gloo's reduce, reduce_scatter and reduce_scatter_tensor of complex tensors with SUM "
+        "succeed (torch turns only all_reduce's complex tensors into real views before the backend "
+        "sees them); simdist refuses complex dtypes there ('complex dtype torch.complex64 is not "
+        "supported')",
         {"world": 2, "seed": 1, "steps": [{"op": "reduce_scatter", "dtype": "complex64"}]},
         _complex_reductions,
         pending="backend (reported by diff)",
@@ -259,6 +275,27 @@ KNOWN: tuple[Known, ...] = (
             "steps": [{"op": "all_reduce", "skip": True}, {"op": "broadcast", "root": 1}],
         },
         _mismatch_detected,
+    ),
+    Known(
+        "complex-gather",
+        "gloo's gather refuses complex tensors ('Invalid scalar type'); simdist gathers them "
+        "(as it does for all_gather, scatter and the rest, which gloo accepts too)",
+        {"world": 2, "seed": 1, "steps": [{"op": "gather", "dtype": "complex64"}]},
+        _complex_gather,
+        pending="backend (reported by diff)",
+    ),
+    Known(
+        "reduce-non-root-scratch",
+        "gloo's reduce overwrites the tensors of members that are not the root (scratch space for "
+        "partial results: torch specifies only the root's result); simdist leaves "
+        "them unchanged, so a backward through a non-root tensor saved before the reduce differs. "
+        "The campaign compares only the root's result",
+        {
+            "world": 3,
+            "seed": 1,
+            "steps": [{"op": "reduce", "values": "randn", "saved": True, "root": 0}],
+        },
+        _reduce_non_root_scratch,
     ),
     Known(
         "uneven-all-to-all",

@@ -59,9 +59,11 @@ def steps(draw: Any, world: int) -> dict[str, Any]:
         "values": draw(st.sampled_from(("int", "randn"))),
         "red": draw(_red_for(dtype)),
         "root": draw(st.integers(0, n - 1)),
-        "view": draw(st.sampled_from(VIEWS)) if draw(st.booleans()) else "contig",
+        # Forms gloo refuses or garbles (registry entries) are drawn less often,
+        # so most steps reach a value comparison.
+        "view": draw(st.sampled_from(VIEWS)) if draw(st.integers(0, 3)) == 1 else "contig",
         "inplace": draw(st.booleans()),
-        "stack": draw(st.booleans()),
+        "stack": draw(st.integers(0, 3)) == 1,
         "uneven": draw(st.booleans()),
         "async": draw(st.booleans()),
         "group_arg": draw(st.booleans()),
