@@ -67,7 +67,7 @@ FUNCTION_NAMES = {1: "soft_cross_entropy", 2: "projected_soft_cross_entropy"}
 
 
 @dataclass(frozen=True)
-class TokenLayout:
+class TokenInputs:
     """Validated, flattened per-token inputs shared by the plain and projected losses."""
 
     mask: torch.Tensor  # [T], compute dtype
@@ -125,7 +125,7 @@ def check_same_device(
         )
 
 
-def check_token_layout(
+def check_token_inputs(
     what: str,
     leading_shape: tuple[int, ...],
     device: torch.device,
@@ -134,7 +134,7 @@ def check_token_layout(
     bin_ids: object,
     weights: object,
     compute_dtype: torch.dtype,
-) -> TokenLayout:
+) -> TokenInputs:
     """Checks mask, bin_ids and weights against the logits' leading shape."""
     mask_f = _check_mask(what, leading_shape, device, reference, mask, compute_dtype)
     bins, num_bins = _check_bins(what, leading_shape, device, reference, bin_ids, weights)
@@ -152,7 +152,7 @@ def check_token_layout(
         ("weights given", int(weights is not None)),
         ("weights values (digest)", digest(weights_f) if weights is not None else 0),
     )
-    return TokenLayout(mask_f, bins, num_bins, weights_f, compute_dtype, header)
+    return TokenInputs(mask_f, bins, num_bins, weights_f, compute_dtype, header)
 
 
 def _check_mask(
