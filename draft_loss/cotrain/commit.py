@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import grads as _grads  # group_grad_norms looked up at call time: tests replace it
-from ..grads import clip_by_group_norms
+from ..grads import clip_by_group_norms, drop_main_grads, main_grad
 from . import groups as _groups  # world_group looked up at call time: benchmarks replace it
 from .agreement import all_ranks_ok
 from .groups import ParallelGroups
@@ -75,7 +75,7 @@ def commit_step(
         skipped = not all(math.isfinite(v) for v in norms.values())
         if not skipped:
             coefficients = clip_by_group_norms(tensors, norms_t, max_norms)
-            grads = {name: p.main_grad for name, p in params.items()}
+            grads = {name: main_grad(p) for name, p in params.items()}
             prepared = optimizer.prepare(master, grads, probe=prefixed(probe, prefix))
     except Exception as error:  # re-raised below, after the agreement
         failure = error
@@ -92,6 +92,5 @@ def commit_step(
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(master[name].to(p.dtype))
-        for p in tensors:
-            del p.main_grad
+        drop_main_grads(tensors)
     return Commit(norms, coefficients, skipped=prepared is None)

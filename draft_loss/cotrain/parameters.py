@@ -61,7 +61,7 @@ def _initial_parameters(
     V: int, H: int, F: int, num_layers: int, seed: int, init_std: float
 ) -> dict[str, torch.Tensor]:
     # Never handed out: full_initial_parameters returns copies.
-    shapes = {"embedding.weight": (V, H)}
+    shapes: dict[str, tuple[int, ...]] = {"embedding.weight": (V, H)}
     for i in range(num_layers):
         shapes |= {
             f"layers.{i}.fc1.weight": (F, H),

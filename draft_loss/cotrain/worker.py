@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from ..grads import accumulate_main_grads, scale_gradients, zero_main_grads
+from ..grads import accumulate_main_grads, drop_main_grads, main_grad, scale_gradients, zero_main_grads
 from ..stats import DraftLossStats
 from ..step_state import DraftStepState
 from .agreement import agree_on_arguments
@@ -88,8 +88,7 @@ class CotrainWorker:
         self.draft_state.abort()
         for p in self.params.values():
             p.grad = None
-            if hasattr(p, "main_grad"):
-                del p.main_grad
+        drop_main_grads(self.params.values())
 
     def _validate(self, batch: CotrainBatch, mode: str, num_microbatches: int) -> None:
         agree_on_arguments(batch, mode, num_microbatches, self.config, self.groups)
@@ -205,7 +204,7 @@ class CotrainWorker:
 
     def _finish_step(self, metrics: dict[str, float] | None, probe: Probe | None, prefix: str) -> StepResult:
         shared = share_metrics(metrics, self.groups.pp)
-        grads_after = {name: p.main_grad.clone() for name, p in self.params.items()}
+        grads_after = {name: main_grad(p).clone() for name, p in self.params.items()}
         commit = commit_step(
             self.params,
             self.master,
@@ -241,11 +240,12 @@ class CotrainWorker:
         group = self.groups.data_parallel()
         if group is None or not params:
             return
-        flat = torch.cat([p.main_grad.reshape(-1) for p in params])
+        flat = torch.cat([main_grad(p).reshape(-1) for p in params])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         offset = 0
         for p in params:
-            p.main_grad.copy_(flat[offset : offset + p.numel()].view_as(p.main_grad))
+            grad = main_grad(p)
+            grad.copy_(flat[offset : offset + p.numel()].view_as(grad))
             offset += p.numel()
 
     def _policy_count(self, batch: CotrainBatch) -> torch.Tensor:
