@@ -512,7 +512,7 @@ def _imports_of_draft_loss() -> dict[str, list[str]]:
     import ast
     from pathlib import Path
 
-    package = Path(__file__).resolve().parent.parent / "draft_loss"
+    package = Path(__file__).resolve().parents[2] / "draft_loss"
     found: dict[str, list[str]] = {}
     for source in sorted(package.rglob("*.py")):
         relative = source.relative_to(package.parent)
