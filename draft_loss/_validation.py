@@ -37,7 +37,7 @@ _DTYPE_CODES = {
 }
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
-# Payload layout per rank: [status, field_count, fields..., message...].
+# Payload slots per rank: [status, field_count, fields..., message...].
 _HEADER_SLOTS = 24
 _MESSAGE_SLOTS = 64
 _BYTES_PER_SLOT = 7  # keeps every slot a non-negative int64

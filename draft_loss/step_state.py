@@ -176,7 +176,7 @@ class DraftStepState:
         return torch.cat([self._counts, self._numerators])
 
     def record_global_counts(self, reduced: torch.Tensor) -> None:
-        """Records the DP-global sums of ``contribute_counts()`` (same layout)."""
+        """Records the DP-global sums of ``contribute_counts()`` (counts, then numerators)."""
         if self._phase is StepPhase.IDLE:
             if not isinstance(reduced, torch.Tensor) or reduced.numel() != 0:
                 raise StepOrderError(

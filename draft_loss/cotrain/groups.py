@@ -57,7 +57,7 @@ def world_group() -> dist.ProcessGroup | None:
 
 
 def check_groups_fit_the_job(groups: ParallelGroups) -> None:
-    """The DP x CP group is the product of dp and cp, and the layout covers the whole world."""
+    """The DP x CP group is the product of dp and cp, and tp x cp x dp x pp ranks make up the whole world."""
     data_size = groups.size("dp") * groups.size("cp")
     data_group = groups.data_parallel()
     if (1 if data_group is None else dist.get_world_size(data_group)) != data_size:
@@ -69,7 +69,7 @@ def check_groups_fit_the_job(groups: ParallelGroups) -> None:
     model_size = data_size * groups.size("tp") * groups.size("pp")
     if world is not None and dist.get_world_size(world) != model_size:
         # The commit agreement and the grad-norm agreement are world
-        # collectives: ranks outside the layout would never join them.
+        # collectives: ranks without a worker would never join them.
         raise ValueError(
             f"CotrainWorker: every rank of the job must run a worker: tp x cp x dp x pp = "
             f"{groups.size('tp')} x {groups.size('cp')} x {groups.size('dp')} x {groups.size('pp')} "
