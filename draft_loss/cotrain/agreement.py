@@ -35,6 +35,18 @@ def all_ranks_ok(ok: bool) -> bool:
     return bool(flag.item() > 0)
 
 
+def fail_together(failure: BaseException | None, if_another_failed: Exception) -> None:
+    """Raises on every rank if any rank failed: this rank's own ``failure``, else ``if_another_failed``.
+
+    Every rank joins the one agreement collective, whether it failed or not.
+    """
+    everyone_ok = all_ranks_ok(failure is None)
+    if failure is not None:
+        raise failure
+    if not everyone_ok:
+        raise if_another_failed
+
+
 def agree_on_arguments(
     batch: object, mode: object, num_microbatches: object, config: CotrainConfig, groups: ParallelGroups
 ) -> None:
@@ -54,14 +66,11 @@ def agree_on_arguments(
             problem = ValueError(mismatch)
     # Ranks agree before any other collective, so a bad batch on one rank
     # fails every rank instead of leaving peers waiting.
-    everyone_ok = all_ranks_ok(problem is None)
-    if problem is not None:
-        raise problem
-    if not everyone_ok:
-        raise ValueError(
-            "CotrainWorker.train_step: another rank's arguments were invalid (that rank raised the "
-            "details); this rank stops too"
-        )
+    another = ValueError(
+        "CotrainWorker.train_step: another rank's arguments were invalid (that rank raised the "
+        "details); this rank stops too"
+    )
+    fail_together(problem, another)
 
 
 def cp_disagreement(

@@ -15,7 +15,7 @@ import torch
 from .. import grads as _grads  # group_grad_norms looked up at call time: tests replace it
 from ..grads import clip_by_group_norms, drop_main_grads, main_grad
 from . import groups as _groups  # world_group looked up at call time: benchmarks replace it
-from .agreement import all_ranks_ok
+from .agreement import fail_together
 from .groups import ParallelGroups
 from .probe import Probe, prefixed, reach
 from .sgd import MomentumSGD, PreparedStep
@@ -79,14 +79,11 @@ def commit_step(
             prepared = optimizer.prepare(master, grads, probe=prefixed(probe, prefix))
     except Exception as error:  # re-raised below, after the agreement
         failure = error
-    everyone_ok = all_ranks_ok(failure is None)
-    if failure is not None:
-        raise failure
-    if not everyone_ok:
-        raise StepAbortedError(
-            "CotrainWorker.train_step: another rank failed before committing the optimizer step; "
-            "no rank applied it, retry the step"
-        )
+    another = StepAbortedError(
+        "CotrainWorker.train_step: another rank failed before committing the optimizer step; "
+        "no rank applied it, retry the step"
+    )
+    fail_together(failure, another)
     if prepared is not None:
         optimizer.commit(master, prepared)
         with torch.no_grad():
