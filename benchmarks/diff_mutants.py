@@ -29,7 +29,7 @@ TARGET = "tests/differential"
 
 
 def catalogue() -> tuple[list[str], dict[str, str]]:
-    sys.path[:0] = [str(ROOT / TARGET), str(ROOT / "tests")]
+    sys.path[:0] = [str(ROOT / TARGET)]
     spec = importlib.util.spec_from_file_location(
         "simdist_mutants_catalogue", ROOT / TARGET / "simdist_mutants.py"
     )

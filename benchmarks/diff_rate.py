@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "differential"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "tests" / "differential")]
 
 
 def _programs(n: int, seed: int) -> list:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "differential"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "tests" / "differential")]
 
 MODELS = ("rank", "ring", "tree")
 

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 _HERE = Path(__file__).resolve().parent
-for _folder in (_HERE, _HERE.parent):
+# A campaign target is also imported outside the suite's pytest configuration
+# (`simdist replay`, campaign workers), so it puts its own folder on the path.
+for _folder in (_HERE,):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

@@ -9,16 +9,17 @@ also run on the CPU everywhere, so their own logic is checked without a GPU.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
+import diff_worlds
 import pytest
 import spmd_programs
 import torch
 import torch.distributed as dist
+from diff_compare import compare
 from soft_ce_reference import reference_stats
 from test_differential_gloo import PROGRAM_NAMES, SEED, differences
+from test_mutants_caught import CATCHING
 
 import simdist
 from draft_loss import soft_cross_entropy
@@ -166,11 +167,6 @@ def test_collectives_inside_backward(device: str) -> None:
 # --------------------------------------------------------------------------- #
 # The differential campaign's programs on CUDA and NCCL (tests/differential)
 # --------------------------------------------------------------------------- #
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "differential"))
-import diff_worlds  # noqa: E402
-from diff_compare import compare  # noqa: E402
-from test_mutants_caught import CATCHING  # noqa: E402
 
 # Version counters, gradients through saved tensors and work.result() were
 # measured against gloo only; NCCL's are not known here, so they are not compared.
