@@ -25,6 +25,7 @@ import torch.distributed as dist
 from . import c10d_state, comm_stats, helpers, stacks
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
+from .debug import _hooks as debug_hooks
 from .errors import (
     CollectiveMismatchError,
     DeadlockError,
@@ -155,6 +156,7 @@ class World:
         aborted elsewhere: what it reports must not depend on which thread got
         there first.
         """
+        debug_hooks.before_call(self, call.rank, call.op, group, seq)  # debug hook: pause door, break_at
         call.record = self.recorder.start(call.rank, seq, group, call.op, tensors_of(call.payload), call.site)
         if self.faults is None and not self.scheduler.any_group_aborted:
             return
@@ -172,6 +174,7 @@ class World:
 
     def before_p2p(self, op: P2POp) -> None:
         me = op.src if op.kind == "send" else op.dst
+        debug_hooks.before_call(self, me, op.kind, op.group, -1)  # debug hook: pause door, break_at
         op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
         try:
             for fault in self.faults.due(me, op.kind, op.group.describe(), -1) if self.faults else ():
@@ -307,6 +310,8 @@ def run(
     schedule_seed: int | None = None,
     rank_local: Sequence[Any] = (),
     share_args: bool = False,
+    post_mortem: bool | None = None,
+    break_at: Mapping[str, Any] | str | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
@@ -332,6 +337,11 @@ def run(
     all starting from their values at run start and put back when it ends.
     ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
     unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
+
+    ``post_mortem=True`` opens pdb in a failing rank's own frame before its
+    peers are released, the world paused; ``break_at={"rank": 1, "op":
+    "all_reduce", "nth": 3}`` opens it just before that call (see
+    ``simdist.debug``; both default to ``simdist.debug.defaults``).
     """
     # The watchdog's clock starts now: building inputs and starting threads count.
     called_at = time.monotonic()
@@ -355,6 +365,7 @@ def run(
     if not isinstance(share_args, bool):
         raise TypeError(f"share_args must be True or False, got {share_args!r}")
     inputs = _rank_inputs(tuple(args), kwargs, n, share_args)
+    debugging = debug_hooks.options(post_mortem, break_at, n)  # debug hook: validated before ranks start
     counting = comm_stats.active()
     # A rank that starts a run of its own (nested) lets that run's ranks
     # execute, and its world take the caller's state, while it waits.
@@ -366,7 +377,7 @@ def run(
             make_model(reduction, seed),
             float(timeout),
             faults,
-            keep_trace=trace is not None or bool(counting),
+            keep_trace=trace is not None or bool(counting) or debug_hooks.keep_trace(debugging),  # debug hook
             flight_records=flight_records,
             schedule=schedule,
             schedule_seed=seed if schedule_seed is None else schedule_seed,
@@ -376,6 +387,7 @@ def run(
         resume_process(suspended)
         raise
     world.deadline = called_at + float(timeout)
+    debug_hooks.attach(world, debugging, fn)  # debug hook: world.debug, the paused clock
     run_name = _name_run(fn)
     run_id = c10d_state.new_run_id()
 
@@ -431,6 +443,7 @@ def run(
             world.scheduler.rank_finished(rank)
         except BaseException as exc:
             failures[rank] = exc
+            debug_hooks.rank_failed(world, rank, exc)  # debug hook: post-mortem, peers not yet released
             try:
                 _end_helpers(world, rank, failure=exc)
             finally:
@@ -485,7 +498,8 @@ def run(
                 world.recorder.write_chrome_trace(trace, world.describe_rank)
             except OSError as exc:  # never hide the run's own outcome behind it
                 trace_error = exc
-    results = _outcome(world, results, failures, timed_out, trace_error)
+    # debug hook: a failing run writes its trace when asked to
+    results = debug_hooks.outcome(world, lambda: _outcome(world, results, failures, timed_out, trace_error))
     if trace_error is not None:
         raise trace_error
     return results
@@ -595,7 +609,9 @@ def _join_all(threads: list[threading.Thread], world: World, deadline: float, ti
     Returns the watchdog report when it fired, else None.
     """
     for t in threads:
-        _join(t, max(0.0, deadline - time.monotonic()))
+        _join(t, max(0.0, debug_hooks.time_left(world, deadline)))  # debug hook: paused clock
+        while _alive(t) and debug_hooks.time_left(world, deadline) > 0:  # debug hook: paused clock
+            _join(t, debug_hooks.time_left(world, deadline))
     alive = [t for t in threads if _alive(t)]
     if not alive:
         return None
