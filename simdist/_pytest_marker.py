@@ -15,15 +15,24 @@ from typing import Any
 
 from .faults import FaultPlan
 from .layout import Layout
+from .debug._options import parse_break_at
 from .reduction import ReductionModel, make_model
 
 MARKER = "simdist"
 MARKER_HELP = (
     "simdist(layout=Layout(...) | layouts=[...] | world_size=N, reduction=, seed=, faults=, "
-    "timeout=, trace=, sim_only=): run the test on every rank of each world; it receives ctx"
+    "timeout=, trace=, sim_only=, break_at=): run the test on every rank of each world; it receives ctx"
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")
-_OPTION_ARGS = ("reduction", "seed", "faults", "timeout", "trace", "sim_only")
+_OPTION_ARGS = (
+    "reduction",
+    "seed",
+    "faults",
+    "timeout",
+    "trace",
+    "sim_only",
+    "break_at",
+)  # debug hook: break_at
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class SpmdOptions:
     timeout: float | None = None
     trace: bool | str | os.PathLike[str] = False
     sim_only: bool = False
+    break_at: Any = None  # debug hook: read by simdist.debug's pytest plugin
 
     def sim_only_reason(self) -> str | None:
         """Why this test cannot run on a real backend, or None."""
@@ -67,6 +77,8 @@ class SpmdOptions:
             return "sim_only=True: the test needs the simulator (e.g. it asserts a deadlock)"
         if self.faults is not None:
             return "faults=: fault injection exists only in the simulator"
+        if self.break_at is not None:  # debug hook
+            return "break_at=: stopping a rank in the debugger exists only in the simulator"
         if self.reduction is not None:
             return f"reduction={self.reduction!r}: reduction-order models exist only in the simulator"
         return None
@@ -139,6 +151,11 @@ def _check_options(where: str, o: SpmdOptions) -> None:
         raise TypeError(
             f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {o.trace!r}"
         )
+    if o.break_at is not None:  # debug hook: a bad break_at fails collection
+        try:
+            parse_break_at(o.break_at)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
     if not isinstance(o.sim_only, bool):
         raise TypeError(f"{where}: sim_only must be a bool, got {o.sim_only!r}")
     if o.reduction is not None:

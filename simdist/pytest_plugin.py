@@ -25,6 +25,7 @@ import pytest
 from . import _pytest_marker as marker
 from ._pytest_profiles import PROFILES, RUNS_SLOW, load_hypothesis_profile, restore_hypothesis_profile
 from ._pytest_runner import SECTIONS, TRACE_DIR, RankFailed
+from .debug import _pytest as debug_pytest
 
 __all__ = ["RankFailed"]
 
@@ -54,6 +55,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="where @pytest.mark.simdist tests run: sim (default, threads in this process), "
         "gloo (spawned processes, or the torchrun world), nccl (one GPU per rank)",
     )
+    debug_pytest.addoption(parser)  # debug hook: --simdist-trace-on-failure
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,6 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if profile not in PROFILES:
         raise pytest.UsageError(f"--simdist-profile must be one of {PROFILES}, got {profile!r}")
     load_hypothesis_profile(config, profile)
+    config.pluginmanager.register(debug_pytest.DebugPlugin(config), "simdist-debug")  # debug hook: --pdb
     backend = config.getoption("--simdist-backend")
     from .launch import under_torchrun
 

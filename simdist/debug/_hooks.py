@@ -88,10 +88,8 @@ def rank_failed(world: Any, rank: int, exc: BaseException) -> None:
             return
         session.post_mortem_done = True
     verdict = _pdb.post_mortem(session, rank, exc, _first_of_report(world, rank, exc))
-    try:
-        exc.simdist_debugged = verdict  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
+    if settings.on_post_mortem is not None:
+        settings.on_post_mortem(verdict)
 
 
 def _debuggable(exc: BaseException, rank: int) -> bool:

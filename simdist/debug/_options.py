@@ -152,6 +152,8 @@ class Settings:
     around_prompt: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     # Told the path of each failure trace written (pytest: to keep only failed tests').
     on_trace: Callable[[str], None] | None = None
+    # Told "quit" or "continued" when a post-mortem ends, "quit" when a break_at stop is quit.
+    on_post_mortem: Callable[[str], None] | None = None
     break_at_explicit: bool = False  # given to this run (warn when it never stops)
 
 

@@ -277,6 +277,8 @@ def break_here(session: DebugSession, rank: int, what: str) -> None:
         p.reset()
         p.interaction(frame, None)
     if p.quitting:
+        if session.settings.on_post_mortem is not None:
+            session.settings.on_post_mortem("quit")
         raise bdb.BdbQuit
     if p.stepping and frame is not None:
         p.trace_from(frame)
