@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .debug._options import parse_break_at
 from .faults import FaultPlan
 from .layout import Layout
-from .debug._options import parse_break_at
 from .reduction import ReductionModel, make_model
 
 MARKER = "simdist"

@@ -106,7 +106,7 @@ class DebugPlugin:
     ) -> Generator[None, Any, Any]:
         report = yield
         if call.when == "call":
-            paths = sorted(set(item.stash.get(_TRACES, [])))
+            paths = sorted(set(item.stash.get(_TRACES, None) or ()))
             if report.failed and paths:
                 report.sections.append(("simdist trace of the failing run", "\n".join(paths)))
             else:

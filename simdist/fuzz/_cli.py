@@ -8,8 +8,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ._campaign import CampaignConfig, ExitCode, UsageError, default_targets, run_campaign
 from ..debug import _cli as debug_cli
+from ._campaign import CampaignConfig, ExitCode, UsageError, default_targets, run_campaign
 from ._corpus import CaseFileError, read_case, replay_case
 
 __all__ = ["add_fuzz_parser", "add_replay_parser", "fuzz_command", "replay_command"]
