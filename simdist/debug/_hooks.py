@@ -69,6 +69,8 @@ def before_call(world: Any, rank: int, op: str, group: Any, seq: int) -> None:
     if session.break_seen < spec.nth:
         return
     session.break_hit = True
+    if _stopped_before(session.settings, "break_at"):
+        return
     seq_text = "" if seq < 0 else f" seq {seq}"
     _pdb.break_here(session, rank, f"{spec.describe()}: {op} on {group.describe()}{seq_text}")
 
@@ -84,12 +86,22 @@ def rank_failed(world: Any, rank: int, exc: BaseException) -> None:
     if not settings.post_mortem or world.scheduler.aborted is not None or not _debuggable(exc, rank):
         return
     with session._cond:
-        if session.post_mortem_done:
+        if session.post_mortem_done or _stopped_before(settings, "post_mortem"):
             return
         session.post_mortem_done = True
     verdict = _pdb.post_mortem(session, rank, exc, _first_of_report(world, rank, exc))
     if settings.on_post_mortem is not None:
         settings.on_post_mortem(verdict)
+
+
+def _stopped_before(settings: Settings, what: str) -> bool:
+    """Whether an earlier run of the same defaults() block already stopped for ``what``."""
+    if settings.stopped is None:
+        return False
+    if settings.stopped.get(what):
+        return True
+    settings.stopped[what] = True
+    return False
 
 
 def _debuggable(exc: BaseException, rank: int) -> bool:

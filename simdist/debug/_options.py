@@ -155,6 +155,10 @@ class Settings:
     # Told "quit" or "continued" when a post-mortem ends, "quit" when a break_at stop is quit.
     on_post_mortem: Callable[[str], None] | None = None
     break_at_explicit: bool = False  # given to this run (warn when it never stops)
+    # Shared by every run of one defaults() block: what has stopped already.
+    # Hypothesis runs a failing example again to report it; the debugger
+    # opens once per block (a test, a replayed case), not once per run.
+    stopped: dict[str, bool] | None = None
 
 
 _lock = threading.Lock()
@@ -181,7 +185,7 @@ def defaults(**changes: Any) -> Iterator[Settings]:
         changes["break_at"] = parse_break_at(changes["break_at"])
     if "post_mortem" in changes and not isinstance(changes["post_mortem"], bool):
         raise TypeError(f"post_mortem must be True or False, got {changes['post_mortem']!r}")
-    settings = replace(current(), **changes)
+    settings = replace(current(), stopped={}, **changes)
     with _lock:
         _stack.append(settings)
     try:

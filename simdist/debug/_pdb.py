@@ -10,6 +10,7 @@ post-mortems and ``break_at`` stops.
 from __future__ import annotations
 
 import bdb
+import contextlib
 import pdb
 import sys
 import threading
@@ -121,11 +122,26 @@ def _user_index(stack: list[tuple[FrameType, int]], index: int) -> int:
     return j if _engine.innermost_user_frame(stack[j][0]) is stack[j][0] else index
 
 
+class _Current:
+    """``sys.stdin``/``sys.stdout`` as they are when used."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(getattr(sys, self._name), attr)
+
+
 class RankPdb(_Commands, pdb.Pdb):
     """simdist's debugger for one rank: starts in the user's frame, not in simdist's."""
 
     def __init__(self, session: DebugSession, rank: int, owner: int | None = None) -> None:
-        super().__init__(skip=_SKIP, nosigint=True, readrc=False)
+        # The streams of the moment the prompt shows, not of construction:
+        # pytest swaps them when it suspends and resumes its capture.
+        super().__init__(
+            stdin=_Current("stdin"), stdout=_Current("stdout"), skip=_SKIP, nosigint=True, readrc=False
+        )
+        self.banner: str | None = None  # printed when the prompt first opens
         self._simdist_session = session
         self._simdist_rank = rank  # whose frames the prompt shows
         self._simdist_owner = rank if owner is None else owner  # whose thread runs it
@@ -195,8 +211,13 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
     self._simdist_home = None  # type: ignore[attr-defined]
     prompt = self.prompt
     self.prompt = session.prompt_for(rank)
+    # pytest's own Pdb suspends its capture itself; simdist's asks the run's settings.
+    ours = isinstance(self, RankPdb)
     try:
-        with session.pause(owner):
+        with around(session.settings) if ours else contextlib.nullcontext(), session.pause(owner):
+            if ours and self.banner is not None:
+                self.message(self.banner)
+                self.banner = None
             return _original_interaction(self, frame, tb)
     finally:
         self.prompt = prompt
@@ -248,34 +269,32 @@ def post_mortem(session: DebugSession, rank: int, exc: BaseException, shown: int
         frame = _engine.innermost_user_frame(session.live_frame(shown))
         if frame is None:
             shown = rank
-    with around(session.settings):
-        p = RankPdb(session, shown, owner=rank)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        who = session.world.describe_rank(rank)
-        head = f"simdist post-mortem: rank {rank} ({who}) failed: {type(exc).__name__}: {first}"
-        if shown != rank:
-            head += (
-                f"\n  showing rank {shown} ({session.world.describe_rank(shown)}), the first rank of the "
-                f"report, in the frame that made the call"
-            )
-        p.message(f"{head}\n{BANNER}\n  c or q ends the run as the failure it is")
-        session.notes[rank] = f"failed with {type(exc).__name__}: {first} (its post-mortem prompt is open)"
-        p.reset()
-        p.interaction(frame, None if frame is not None else exc.__traceback__)
+    p = RankPdb(session, shown, owner=rank)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    who = session.world.describe_rank(rank)
+    head = f"simdist post-mortem: rank {rank} ({who}) failed: {type(exc).__name__}: {first}"
+    if shown != rank:
+        head += (
+            f"\n  showing rank {shown} ({session.world.describe_rank(shown)}), the first rank of the "
+            f"report, in the frame that made the call"
+        )
+    p.banner = f"{head}\n{BANNER}\n  c or q ends the run as the failure it is"
+    session.notes[rank] = f"failed with {type(exc).__name__}: {first} (its post-mortem prompt is open)"
+    p.reset()
+    p.interaction(frame, None if frame is not None else exc.__traceback__)
     return "quit" if p.quitting else "continued"
 
 
 def break_here(session: DebugSession, rank: int, what: str) -> None:
     """Stop ``rank`` just before the call ``what``, in the user's frame that makes it."""
     frame = _engine.innermost_user_frame(sys._getframe(2))
-    with around(session.settings):
-        p = RankPdb(session, rank)
-        p.message(
-            f"simdist break_at: rank {rank} ({session.world.describe_rank(rank)}) stops just before "
-            f"{what}\n{BANNER}\n  c lets the call go on; n steps over it; q ends the run"
-        )
-        p.reset()
-        p.interaction(frame, None)
+    p = RankPdb(session, rank)
+    p.banner = (
+        f"simdist break_at: rank {rank} ({session.world.describe_rank(rank)}) stops just before "
+        f"{what}\n{BANNER}\n  c lets the call go on; n steps over it; q ends the run"
+    )
+    p.reset()
+    p.interaction(frame, None)
     if p.quitting:
         if session.settings.on_post_mortem is not None:
             session.settings.on_post_mortem("quit")
