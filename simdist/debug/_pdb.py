@@ -138,9 +138,8 @@ class RankPdb(_Commands, pdb.Pdb):
     def __init__(self, session: DebugSession, rank: int, owner: int | None = None) -> None:
         # The streams of the moment the prompt shows, not of construction:
         # pytest swaps them when it suspends and resumes its capture.
-        super().__init__(
-            stdin=_Current("stdin"), stdout=_Current("stdout"), skip=_SKIP, nosigint=True, readrc=False
-        )
+        streams: Any = (_Current("stdin"), _Current("stdout"))
+        super().__init__(stdin=streams[0], stdout=streams[1], skip=_SKIP, nosigint=True, readrc=False)
         self.banner: str | None = None  # printed when the prompt first opens
         self._simdist_session = session
         self._simdist_rank = rank  # whose frames the prompt shows
@@ -215,9 +214,10 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
     ours = isinstance(self, RankPdb)
     try:
         with around(session.settings) if ours else contextlib.nullcontext(), session.pause(owner):
-            if ours and self.banner is not None:
-                self.message(self.banner)
-                self.banner = None
+            banner = getattr(self, "banner", None)
+            if ours and banner is not None:
+                self.message(banner)
+                self.banner = None  # type: ignore[attr-defined]
             return _original_interaction(self, frame, tb)
     finally:
         self.prompt = prompt

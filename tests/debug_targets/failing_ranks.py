@@ -27,14 +27,14 @@ def test_rank1_disagrees(ctx):
 
 @pytest.mark.simdist(layout=simdist.Layout(tp=2, dp=2))
 def test_layout_rank3_fails(ctx):
-    local_value = ctx.rank * 100
+    local_value = ctx.rank * 100  # noqa: F841 (read at the debugger prompt)
     dist.barrier()
     assert ctx.rank != 3, "planted: rank 3 fails"
 
 
 def test_run_in_a_test(simdist_run):
     def body(ctx):
-        local_value = f"value of rank {ctx.rank}"
+        local_value = f"value of rank {ctx.rank}"  # noqa: F841 (read at the prompt)
         dist.barrier()
         assert ctx.rank == 0, "planted: only rank 0 passes"
 
@@ -71,7 +71,7 @@ def test_break_before_planted(ctx):
 def test_breakpoint_in_rank0(ctx):
     t = torch.ones(1) * (ctx.rank + 1)
     if ctx.rank == 0:
-        local_value = "at the breakpoint"
+        local_value = "at the breakpoint"  # noqa: F841 (read at the prompt)
         breakpoint()
     dist.all_reduce(t)
     assert t.item() == 3.0
