@@ -25,8 +25,8 @@ import torch.distributed as dist
 import simdist
 from simdist import debug
 
-ROOT = Path(__file__).resolve().parents[1]
-TARGETS = "tests/debug_targets/failing_ranks.py"
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = "tests/debug/targets/failing_ranks.py"
 _TIMEOUT = 180.0
 
 
@@ -340,7 +340,7 @@ def test_debug_helpers_show_every_rank_from_inside_a_run():
         in seen["ranks"]
     )
     assert "rank 0 (rank 0 of 2): running" in seen["ranks"]
-    assert "tests/test_debug.py" in str(seen["stacks"]) and "thread simdist-rank-0" in seen["stacks"]
+    assert "tests/debug/test_debug.py" in str(seen["stacks"]) and "thread simdist-rank-0" in seen["stacks"]
     assert seen["locals"]["local_value"] == 41
     assert "test_debug.py" in seen["stacks"] and "in body" in seen["stacks"]
     assert "stacks on demand" in seen["dump"] and "thread simdist-rank-1" in seen["dump"]
@@ -478,7 +478,7 @@ def _case(tmp_path: Path) -> Path:
         json.dumps(
             {
                 "format": "simdist-fuzz-case/1",
-                "target": "tests/debug_targets/replay_target.py::test_steps_property",
+                "target": "tests/debug/targets/replay_target.py::test_steps_property",
                 "case": {"steps": 4},
                 "error": {"type": "RankError", "message": "planted"},
                 "found": {},

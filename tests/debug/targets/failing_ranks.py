@@ -1,4 +1,4 @@
-"""Programs with planted failures, driven through real pdb sessions by tests/test_debug.py.
+"""Programs with planted failures, driven through real pdb sessions by tests/debug/test_debug.py.
 
 Not collected by the normal run (the file name does not start with ``test_``);
 the tests run pytest on it in a subprocess, feeding the debugger through a pipe.
