@@ -4,8 +4,10 @@ import simdist
 results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
+from . import debug
 from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
+from .debug import dump
 from .errors import (
     BufferOverlapError,
     CollectiveMismatchError,
@@ -49,6 +51,8 @@ __all__ = [
     "SimulationTimeout",
     "Tree",
     "UnsupportedOperationError",
+    "debug",
+    "dump",
     "explore",
     "run",
     "run_processes",

@@ -521,3 +521,20 @@ def test_replay_refuses_a_bad_break_at(tmp_path):
     proc = replay(tmp_path, "", "--break-at", "rank=1,opp=x")
     assert proc.returncode == 2
     assert "unknown key(s) opp" in proc.stderr
+
+
+def test_defaults_refuses_a_typo_and_scopes_its_settings():
+    with pytest.raises(TypeError, match=r"debug\.defaults: unknown setting"):
+        with debug.defaults(post_mortme=True):
+            pass
+    with debug.defaults(break_at="rank=0,op=broadcast") as settings:
+        assert settings.break_at == debug.BreakAt(rank=0, op="broadcast")
+    with pytest.raises(ValueError, match="break_at: nth counts calls from 1"):
+        with debug.defaults(break_at={"rank": 0, "nth": -2}):
+            pass
+
+
+def test_stacks_outside_any_run_says_so():
+    with pytest.raises(RuntimeError, match=r"simdist.debug.stacks: no run is in progress"):
+        debug.stacks()
+    assert simdist.dump is debug.dump
