@@ -36,7 +36,15 @@ class RankView:
 def rank_views(world: Any) -> list[RankView]:
     sched = world.scheduler
     # Scheduled, a running rank without the run token is runnable, not running.
-    queued = sched.queued_ranks()
+    # Read without the scheduler's lock: a SIGUSR1 dump runs in the main
+    # thread, which may hold it when the signal arrives (a report may be racy,
+    # it must not deadlock).
+    holder = sched._holder
+    queued = (
+        {r for r, s in enumerate(sched._slots) if s.state.value == "running" and r != holder}
+        if sched.scheduled
+        else set()
+    )
     views = []
     for rank, slot in enumerate(sched._slots):
         waiting = None

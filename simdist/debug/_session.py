@@ -128,6 +128,7 @@ class DebugSession:
 
     def end(self) -> None:
         self.ended = True
+        self.failed_tb.clear()  # frames (and their tensors) need not outlive the run
         with _live_lock:
             _live.discard(self)
 
