@@ -24,15 +24,8 @@ MARKER_HELP = (
     "timeout=, trace=, sim_only=, break_at=): run the test on every rank of each world; it receives ctx"
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")
-_OPTION_ARGS = (
-    "reduction",
-    "seed",
-    "faults",
-    "timeout",
-    "trace",
-    "sim_only",
-    "break_at",
-)  # debug hook: break_at
+# debug hook: break_at (read by simdist.debug's pytest plugin)
+_OPTION_ARGS = ("reduction", "seed", "faults", "timeout", "trace", "sim_only", "break_at")
 
 
 @dataclass(frozen=True)
