@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from . import _pytest_marker as marker
-from ._pytest_profiles import PROFILES, RUNS_SLOW, load_hypothesis_profile, restore_hypothesis_profile
-from ._pytest_runner import SECTIONS, TRACE_DIR, RankFailed
+from .._checks import check_positive_seconds
+from . import marker
+from .profiles import PROFILES, RUNS_SLOW, load_hypothesis_profile, restore_hypothesis_profile
+from .runner import SECTIONS, TRACE_DIR, RankFailed
 
 __all__ = ["RankFailed"]
 
@@ -61,19 +62,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running; runs only with --simdist-profile=nightly")
     config.addinivalue_line("markers", "gloo: starts a real gloo world of processes")
     config.addinivalue_line("markers", marker.MARKER_HELP)
+    try:  # the same rule as every run's timeout (a watchdog that never fires is none)
+        check_positive_seconds("--simdist-timeout", config.getoption("--simdist-timeout"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     profile = config.getoption("--simdist-profile")
     if profile not in PROFILES:
         raise pytest.UsageError(f"--simdist-profile must be one of {PROFILES}, got {profile!r}")
     load_hypothesis_profile(config, profile)
     backend = config.getoption("--simdist-backend")
-    from .launch import under_torchrun
+    from ..launch import under_torchrun
 
     if backend != "sim" and under_torchrun():
         if config.getoption("numprocesses", None):
             raise pytest.UsageError(
                 "simdist: under torchrun each process is already one rank; do not add pytest-xdist's -n"
             )
-        from ._pytest_torchrun import TorchrunWorld
+        from .torchrun import TorchrunWorld
 
         config.stash[_TORCHRUN] = TorchrunWorld(backend, config.getoption("--simdist-timeout"))
 
@@ -89,7 +94,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     mark = metafunc.definition.get_closest_marker(marker.MARKER)
     if mark is None:
         return
-    worlds, options = marker.parse(mark, metafunc.function, metafunc.definition.name)
+    worlds, _ = marker.parse(mark, metafunc.function, metafunc.definition.name)
     if inspect.iscoroutinefunction(metafunc.function):
         raise TypeError(f"@pytest.mark.simdist on {metafunc.definition.name}: async tests are not supported")
     metafunc.parametrize("ctx", worlds, ids=[w.id for w in worlds])
@@ -165,7 +170,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if spec is None:
         return None
     __tracebackhide__ = True
-    from . import _pytest_runner as runner
+    from . import runner
 
     world, options = spec
     config = pyfuncitem.config
@@ -202,7 +207,7 @@ def _simdist_trace_dir(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def simdist_run(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
     """``simdist.run`` with the session's watchdog timeout as default."""
-    from .world import run
+    from .._run import run
 
     timeout = request.config.getoption("--simdist-timeout")
 

@@ -1,28 +1,7 @@
-"""Run a rank body on a real gloo/NCCL world: one spawned process per rank.
-
-``run_processes`` is the real-world twin of ``simdist.run``: the body receives
-the same ``RankContext`` (same layout groups, built by the same
-``build_groups``), so one SPMD body can be run on the simulation and on a real
-backend and the results compared.
-
-Why the machinery looks the way it does:
-
-* Processes come from a ``forkserver`` that has imported torch once, so every
-  later world forks from a warm interpreter (about 0.1 s for 4 ranks instead of
-  seconds of ``import torch`` per rank). Where ``forkserver`` is unavailable,
-  ``spawn`` is used.
-* Ranks meet through a ``FileStore`` in a private temporary folder: no TCP port
-  has to be found free (and stay free) between choosing it and binding it.
-* Each rank writes its outcome (result or exception) to its own file before it
-  leaves, so a rank that is killed later still leaves its answer behind, and
-  nothing depends on a queue's feeder thread outliving a crash.
-* The parent only waits on process sentinels with deadlines: it can always kill
-  the world, so a wrong program never hangs the caller.
-"""
+"""The caller's side of ``run_processes``: check, start the rank processes, wait with deadlines, collect."""
 
 from __future__ import annotations
 
-import datetime
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -31,70 +10,22 @@ import pickle
 import shutil
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from .context import RankContext, build_groups
-from .errors import RankError, SimulationTimeout
-from .layout import Layout
-
-__all__ = [
-    "RemoteTraceback",
-    "run_processes",
-    "run_torchrun_rank",
-    "under_torchrun",
-]
+from .._checks import check_choice
+from .._run.options import RunOptions
+from ..errors import RankError, SimulationTimeout
+from ..layout import Layout
+from . import child
+from .outcome import RemoteError, RemoteTraceback, _Outcome, dumps, outcome_path
 
 # After the first rank fails, how long its peers may take to report their own
 # (possibly independent) failures before the rest of the world is killed.
 _FAILURE_GRACE_S = 5.0
 _KILL_JOIN_S = 5.0
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-class RemoteTraceback(Exception):
-    """Carries a rank's traceback text; set as ``__cause__`` of its exception.
-
-    Printing the chained exception then shows where, in the rank's process,
-    the error was raised.
-    """
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return "\n" + self.text
-
-
-class RemoteError(Exception):
-    """Stands in for a rank's exception that could not be pickled back."""
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """What one rank left behind in its outcome file."""
-
-    ok: bool
-    value: Any = None  # the result when ok
-    error: BaseException | None = None
-    type_name: str = ""
-    message: str = ""
-    traceback_text: str = ""
-    at: float = 0.0  # time.time() when the error was caught
-    # A transport error (connection closed, backend timeout) after a peer had
-    # already failed is a consequence of that failure, not a cause.
-    is_transport_error: bool = False
-
-
-# --------------------------------------------------------------------------- #
-# Parent side
-# --------------------------------------------------------------------------- #
 
 
 def run_processes(
@@ -124,23 +55,24 @@ def run_processes(
     available: later worlds fork from an interpreter with torch imported) or
     "spawn".
     """
-    size = _check_world(layout, world_size)
+    # The world and the timeout by simdist.run's own checks and words.
+    size = RunOptions(layout=layout, world_size=world_size, timeout=timeout, caller="run_processes").size
     kwargs = {} if kwargs is None else kwargs
-    _check_options(fn, args, kwargs, backend, device, timeout, size)
+    _check_options(fn, args, kwargs, backend, device, size)
     payload = _pickle_call(fn, args, kwargs)
     method = _choose_start_method(start_method)
-    mp_ctx = multiprocessing.get_context(method)
+    mp_ctx: Any = multiprocessing.get_context(method)  # typeshed's BaseContext lacks Process
     if method == "forkserver":
         # Only takes effect when this call starts the forkserver; later worlds
         # then fork from an interpreter that has torch imported.
-        mp_ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+        mp_ctx.set_forkserver_preload(["torch", "torch.distributed", child.__name__])
 
     workdir = tempfile.mkdtemp(prefix="simdist-launch-")
     procs: dict[int, multiprocessing.process.BaseProcess] = {}
     try:
         for rank in range(size):
             proc = mp_ctx.Process(
-                target=_worker_main,
+                target=child.worker_main,
                 args=(rank, size, layout, backend, device, timeout, workdir, payload),
                 name=f"simdist-rank-{rank}",
                 # Not daemonic: a daemon may not start children, and rank bodies
@@ -158,27 +90,12 @@ def run_processes(
     return _collect(outcomes, exitcodes, killed, timed_out, timeout, exited_at)
 
 
-def _check_world(layout: Layout | None, world_size: int | None) -> int:
-    if layout is not None and not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a simdist.Layout, got {type(layout).__name__}")
-    if world_size is not None and (
-        isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1
-    ):
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if layout is None and world_size is None:
-        raise ValueError("run_processes needs layout=Layout(...) or world_size=N, got neither")
-    if layout is not None and world_size is not None and layout.world_size != world_size:
-        raise ValueError(f"world_size={world_size} disagrees with {layout} (world size {layout.world_size})")
-    return layout.world_size if layout is not None else world_size  # type: ignore[return-value]
-
-
 def _check_options(
     fn: Callable[..., Any],
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     backend: str,
     device: str,
-    timeout: float,
     size: int,
 ) -> None:
     if not callable(fn):
@@ -187,16 +104,8 @@ def _check_options(
         raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a mapping, got {type(kwargs).__name__}")
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not (timeout > 0 and math.isfinite(timeout))
-    ):
-        raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    check_choice("backend", backend, ("gloo", "nccl"))
+    check_choice("device", device, ("cpu", "cuda"))
     if backend == "nccl" and device != "cuda":
         raise ValueError("backend='nccl' works on CUDA tensors only: pass device='cuda'")
     if device == "cuda":
@@ -212,7 +121,7 @@ def _pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     # Pickle here, not in the child, so a lambda or closure fails in the
     # caller's process with a message saying what to change.
     try:
-        return pickle.dumps((fn, tuple(args), dict(kwargs)), protocol=pickle.HIGHEST_PROTOCOL)
+        return dumps((fn, tuple(args), dict(kwargs)))
     except Exception as exc:
         name = getattr(fn, "__qualname__", repr(fn))
         raise TypeError(
@@ -274,13 +183,9 @@ def _kill_all(procs: Any) -> None:
         proc.join(_KILL_JOIN_S)
 
 
-def _outcome_path(workdir: str, rank: int) -> str:
-    return os.path.join(workdir, f"outcome-{rank}.pkl")
-
-
 def _read_outcome(workdir: str, rank: int) -> _Outcome | None:
     """The rank's outcome, or None when it left none (killed, crashed)."""
-    path = _outcome_path(workdir, rank)
+    path = outcome_path(workdir, rank)
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
@@ -382,209 +287,3 @@ def _rebuild_exception(outcome: _Outcome) -> BaseException:
     except Exception:  # an exception type that forbids setting attributes
         pass
     return exc
-
-
-# --------------------------------------------------------------------------- #
-# Child side
-# --------------------------------------------------------------------------- #
-
-
-def _worker_main(
-    rank: int,
-    world_size: int,
-    layout: Layout | None,
-    backend: str,
-    device: str,
-    timeout: float,
-    workdir: str,
-    payload: bytes,
-) -> None:
-    # Like torchrun: several ranks on one machine each using every core would
-    # oversubscribe it, so one intra-op thread unless the user chose otherwise.
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
-    outcome_path = _outcome_path(workdir, rank)
-    initialised = False
-    try:
-        fn, args, kwargs = pickle.loads(payload)
-        torch_device = _init_rank_device(rank, device)
-        store = dist.FileStore(os.path.join(workdir, "store"), world_size)
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout),
-        )
-        initialised = True
-        ctx = RankContext(
-            rank=rank,
-            world_size=world_size,
-            layout=layout,
-            device=torch_device,
-            groups=build_groups(layout),
-            extras={"backend": backend},
-        )
-        # Every rank has finished connecting before any body runs: a rank that
-        # fails at once would otherwise close its sockets while a peer is still
-        # in gloo's connection set-up, and that peer would fail too.
-        dist.barrier()
-        value = _to_cpu(fn(ctx, *args, **kwargs))
-        _write_outcome(outcome_path, _ok_outcome(rank, value))
-    except BaseException as exc:
-        _write_outcome(outcome_path, _error_outcome(exc))
-        # Leave at once: our sockets closing is what tells peers blocked in a
-        # collective with us that we are gone (instead of their long timeout).
-        os._exit(1)
-    if initialised:
-        # Nobody tears down while a peer may still be receiving from it.
-        try:
-            dist.barrier()
-            dist.destroy_process_group()
-        except Exception:  # a peer failed after we finished: our result stands
-            os._exit(0)
-
-
-def _init_rank_device(rank: int, device: str) -> torch.device:
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        return torch.device("cuda", rank)
-    return torch.device("cpu")
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(_to_cpu(v) for v in value))
-    if isinstance(value, tuple):
-        return tuple(_to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
-
-
-def _ok_outcome(rank: int, value: Any) -> _Outcome:
-    outcome = _Outcome(ok=True, value=value)
-    try:
-        pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise TypeError(
-            f"rank {rank}'s result must be picklable to return it to the caller, "
-            f"got {type(value).__name__} ({type(exc).__name__}: {exc})"
-        ) from exc
-    return outcome
-
-
-def _error_outcome(exc: BaseException) -> _Outcome:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        # Checked here: an exception that pickles but fails to unpickle (custom
-        # __init__ signature) would otherwise break the parent.
-        carried: BaseException | None = exc
-        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:
-        carried = None
-    return _Outcome(
-        ok=False,
-        error=carried,
-        type_name=type(exc).__qualname__,
-        message=str(exc),
-        traceback_text=text,
-        at=time.time(),
-        is_transport_error=_is_transport_error(exc),
-    )
-
-
-# Gloo reports a vanished peer as a plain RuntimeError; these phrases identify it.
-_TRANSPORT_PHRASES = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "gloo/transport",
-    "NCCL communicator was aborted",
-)
-
-
-def _is_transport_error(exc: BaseException) -> bool:
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(p in text for p in _TRANSPORT_PHRASES)
-
-
-def _write_outcome(path: str, outcome: _Outcome) -> None:
-    try:
-        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        data = pickle.dumps(
-            _Outcome(
-                ok=False,
-                type_name=type(exc).__name__,
-                message=f"the outcome could not be pickled: {exc}",
-                at=time.time(),
-            )
-        )
-    # Write then rename, so the parent never reads half a file.
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------- #
-# Under torchrun: the current process is one rank
-# --------------------------------------------------------------------------- #
-
-
-def under_torchrun() -> bool:
-    """True when torchrun (or a similar launcher) has set this process's rank."""
-    return all(name in os.environ for name in _TORCHRUN_VARS)
-
-
-def run_torchrun_rank(
-    fn: Callable[..., Any],
-    *,
-    layout: Layout | None = None,
-    backend: str | None = None,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-) -> Any:
-    """Run ``fn(ctx, *args, **kwargs)`` as this process's rank of a torchrun job.
-
-    The default group comes from the environment (``env://``); the layout's
-    groups are built as in ``run_processes``. ``backend`` defaults to NCCL when
-    CUDA is available, gloo otherwise. Returns this rank's result.
-    """
-    missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
-    if missing:
-        raise RuntimeError(f"run_torchrun_rank needs torchrun's environment; missing {', '.join(missing)}")
-    world_size = int(os.environ["WORLD_SIZE"])
-    if layout is not None and layout.world_size != world_size:
-        raise ValueError(f"{layout} has world size {layout.world_size}, torchrun started {world_size}")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group(backend, init_method="env://")
-    try:
-        ctx = RankContext(
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            layout=layout,
-            device=device,
-            groups=build_groups(layout),
-            extras={"backend": backend},
-        )
-        return fn(ctx, *args, **(kwargs or {}))
-    finally:
-        if owns_group:
-            dist.destroy_process_group()

@@ -1,0 +1,31 @@
+"""The pytest plugin's old module name, kept for installs whose ``pytest11``
+entry point (or a ``-p simdist.pytest_plugin``) still names it; the plugin
+lives in ``simdist._pytest.plugin``."""
+
+from ._pytest.plugin import (
+    RankFailed,
+    _simdist_trace_dir,
+    pytest_addoption,
+    pytest_collection_finish,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_generate_tests,
+    pytest_pyfunc_call,
+    pytest_runtest_makereport,
+    pytest_unconfigure,
+    simdist_run,
+)
+
+__all__ = [
+    "RankFailed",
+    "_simdist_trace_dir",
+    "pytest_addoption",
+    "pytest_collection_finish",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_generate_tests",
+    "pytest_pyfunc_call",
+    "pytest_runtest_makereport",
+    "pytest_unconfigure",
+    "simdist_run",
+]
