@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._run.options import resolve_world
 from ..context import RankContext, build_groups
 from ..layout import Layout
 
@@ -38,6 +39,8 @@ def run_torchrun_rank(
     if missing:
         raise RuntimeError(f"run_torchrun_rank needs torchrun's environment; missing {', '.join(missing)}")
     world_size = int(os.environ["WORLD_SIZE"])
+    if layout is not None:
+        resolve_world(layout, None)  # a Layout, or run's TypeError
     if layout is not None and layout.world_size != world_size:
         raise ValueError(f"{layout} has world size {layout.world_size}, torchrun started {world_size}")
     if backend is None:
