@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, is_int
 from .._run.options import DEFAULT_TIMEOUT_S, OPTION_NAMES, RunOptions
 from ..faults import FaultPlan
 from ..layout import Layout
@@ -137,7 +137,7 @@ def _worlds(where: str, arg: str, value: Any) -> list[WorldSpec]:
     if arg == "world_size":
         sizes = value if isinstance(value, (list, tuple)) else [value]
         for n in sizes:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if not is_int(n, 1):
                 raise ValueError(f"{where}: world_size must be a positive int (or a list of them), got {n!r}")
         return [WorldSpec(None, n) for n in sizes]
     layouts = [value] if arg == "layout" else value
