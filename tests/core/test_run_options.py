@@ -239,22 +239,26 @@ def test_a_marked_cuda_test_is_collected_and_fails_when_it_runs(pytester: pytest
 # ------------------------------------------ a view argument and its base (17.14)
 
 
-def write_through_view(ctx: simdist.RankContext, base: torch.Tensor, *, view: torch.Tensor) -> torch.Tensor:
-    view.fill_(ctx.rank + 1)
+def write_through_views(ctx: simdist.RankContext, base: torch.Tensor, *, views: dict) -> torch.Tensor:
+    for view in views.values():
+        view.add_(ctx.rank + 1)
     return base
 
 
 @pytest.mark.gloo
-def test_a_view_argument_shares_its_base_on_the_simulator_and_on_processes() -> None:
+def test_views_share_their_base_on_the_simulator_and_on_processes() -> None:
     base = torch.zeros(4)
-    # As one process holding both would see it: writing the view writes the base.
-    expected = [torch.tensor([0.0, r + 1.0, r + 1.0, 0.0]) for r in range(2)]
-    sim = simdist.run(write_through_view, world_size=2, args=(base,), kwargs={"view": base[1:3]})
+    # A slice, and a strided view of a view (base[0] and base[2]), in kwargs
+    # while the base is in args: one copy of everything per rank keeps them
+    # one storage, as one process holding them all would.
+    views = {"slice": base[1:3], "strided": base.view(2, 2).t()[0]}
+    expected = [[r + 1.0, r + 1.0, 2.0 * (r + 1), 0.0] for r in range(2)]
+    sim = simdist.run(write_through_views, world_size=2, args=(base,), kwargs={"views": views})
     real = run_processes(
-        write_through_view, world_size=2, args=(base,), kwargs={"view": base[1:3]}, timeout=TIMEOUT
+        write_through_views, world_size=2, args=(base,), kwargs={"views": views}, timeout=TIMEOUT
     )
     for name, got in (("simdist.run", sim), ("run_processes", real)):
-        assert [t.tolist() for t in got] == [t.tolist() for t in expected], name
+        assert [t.tolist() for t in got] == expected, name
     assert base.tolist() == [0.0] * 4  # every rank wrote its own copy
 
 
@@ -278,4 +282,6 @@ def test_the_marker_refuses_what_is_no_run_option(pytester: pytest.Pytester) -> 
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*unknown argument(s) caller, shedule; expected layout, layouts, world_size*"])
+    result.stdout.fnmatch_lines(
+        ["*unknown argument(s) caller, shedule; expected layout, layouts, world_size*"]
+    )
