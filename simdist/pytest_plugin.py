@@ -1,6 +1,7 @@
 """The pytest plugin's old module name, kept for installs whose ``pytest11``
-entry point (or a ``-p simdist.pytest_plugin``) still names it; the plugin
-lives in ``simdist._pytest.plugin``."""
+entry point still names it (an editable install made before the move); the
+plugin lives in ``simdist._pytest.plugin``. Loading it by hand needs the entry
+point's copy blocked first: ``-p no:simdist -p simdist.pytest_plugin``."""
 
 from ._pytest.plugin import (
     RankFailed,
