@@ -195,6 +195,13 @@ def defaults(**changes: Any) -> Iterator[Settings]:
             _stack.remove(settings)
 
 
+def check_debug_options(post_mortem: Any, break_at: Any, world_size: int) -> None:
+    """``run``'s ``post_mortem=`` and ``break_at=``, refused with a clear error when wrong."""
+    if post_mortem is not None and not isinstance(post_mortem, bool):
+        raise TypeError(f"post_mortem must be True or False, got {post_mortem!r}")
+    parse_break_at(break_at, world_size)
+
+
 def resolve(post_mortem: bool | None, break_at: Any, world_size: int) -> Settings:
     """A run's own arguments over the defaults; validated before any rank starts."""
     if post_mortem is not None and not isinstance(post_mortem, bool):

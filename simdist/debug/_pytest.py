@@ -9,7 +9,7 @@
   example, which it runs last); passing tests leave nothing.
 - ``faulthandler_timeout``: next to faulthandler's dump, which names threads
   only by id, every live run's ranks and helpers with coordinates and thread names.
-- ``@pytest.mark.simdist(break_at={...})``: the marked test stops there.
+- ``@pytest.mark.simdist(break_at={...})`` is a run option (``RunOptions``): the marked test stops there.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from . import _dump
-from ._options import TRACE_ENV, defaults, parse_break_at
+from ._options import TRACE_ENV, defaults
 
 _TRACES = pytest.StashKey[list[str]]()
 _DEBUGGED = pytest.StashKey[str]()
@@ -89,9 +89,6 @@ class DebugPlugin:
                 trace_name=re.sub(r"[^\w.-]+", "_", item.nodeid),
                 on_trace=lambda path: item.stash[_TRACES].append(path),
             )
-        break_at = _marker_break_at(item)
-        if break_at is not None:
-            settings["break_at"] = break_at
         with defaults(**settings):
             return (yield)
 
@@ -165,10 +162,3 @@ def _faulthandler_timeout(config: pytest.Config) -> float:
         return float(config.getini("faulthandler_timeout") or 0)
     except (ValueError, TypeError):
         return 0.0
-
-
-def _marker_break_at(item: pytest.Item) -> Any:
-    mark = item.get_closest_marker("simdist")
-    if mark is None or mark.kwargs.get("break_at") is None:
-        return None
-    return parse_break_at(mark.kwargs["break_at"])
