@@ -4,8 +4,11 @@ import simdist
 results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
+from . import debug
+from ._run import run
 from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
+from .debug import dump
 from .errors import (
     BufferOverlapError,
     CollectiveMismatchError,
@@ -22,7 +25,6 @@ from .launch import run_processes
 from .layout import Coords, Layout
 from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
 from .retry import RetryOutcome, run_with_retry
-from .world import run
 
 __all__ = [
     "BufferOverlapError",
@@ -49,6 +51,8 @@ __all__ = [
     "SimulationTimeout",
     "Tree",
     "UnsupportedOperationError",
+    "debug",
+    "dump",
     "explore",
     "run",
     "run_processes",

@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from ..debug import _cli as debug_cli
 from ._campaign import CampaignConfig, ExitCode, UsageError, default_targets, run_campaign
 from ._corpus import CaseFileError, read_case, replay_case
 
@@ -105,6 +106,7 @@ def add_fuzz_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="recorded in the report and in every case file written",
     )
+    debug_cli.add_fuzz_arguments(p)  # debug hook: --trace-failures
 
 
 def add_replay_parser(sub: argparse._SubParsersAction) -> None:
@@ -115,9 +117,11 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:
         "2 when a file cannot be read or its property not found.",
     )
     p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="case files (or directories of them)")
+    debug_cli.add_replay_arguments(p)  # debug hook: --pdb, --break-at
 
 
 def fuzz_command(args: argparse.Namespace) -> int:
+    debug_cli.apply_fuzz(args)  # debug hook: --trace-failures
     try:
         targets = list(args.targets) or default_targets()
         cfg = CampaignConfig(
@@ -162,7 +166,8 @@ def replay_command(args: argparse.Namespace) -> int:
     for path in files:
         try:
             case = read_case(path)
-            replay_case(path)
+            with debug_cli.replay_scope(args):  # debug hook: --pdb, --break-at
+                replay_case(path)
         except CaseFileError as exc:
             unusable += 1
             print(f"ERROR  {path}: {exc}")
