@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from . import collectives as C
 from . import stacks
-from .c10d_state import scoped_name
+from ._isolation.c10d_state import scoped_name
 from .errors import CollectiveMismatchError, SimulationError, UnsupportedOperationError
 from .reduction import check_reduce_op
 from .rendezvous import Call, GroupInfo, P2POp, Scheduler, Waitable

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import c10d_state, comm_stats, helpers, stacks
+from . import comm_stats, stacks
+from ._isolation import c10d_state, helpers
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -36,7 +37,7 @@ from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, c
 from .layout import Layout
 from .overlap import check_members_disjoint
 from .policy import make_policy
-from .rank_state import RankStates, release_process, resume_process, suspend_process
+from ._isolation.rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
 from .spawn import TreeStart

@@ -25,9 +25,10 @@ import concurrent.futures.thread
 import threading
 from typing import Any
 
-from . import backend, c10d_state
-from .errors import SimulationError
-from .rendezvous import HelperSlot, Scheduler, ThreadExit
+from .. import backend
+from . import c10d_state
+from ..errors import SimulationError
+from ..rendezvous import HelperSlot, Scheduler, ThreadExit
 
 _lock = threading.Lock()
 _installs = 0
