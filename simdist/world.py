@@ -8,7 +8,6 @@ stuck in plain compute past the watchdog, interrupted and then joined) before
 from __future__ import annotations
 
 import copy
-import ctypes
 import itertools
 import math
 import os
@@ -23,8 +22,10 @@ import torch
 import torch.distributed as dist
 
 from . import comm_stats, stacks
-from ._isolation import c10d_state, helpers
-from .backend import BACKEND_NAME, bind_current, register_backend
+from ._core import identity
+from ._isolation import c10d_state, helpers, patches
+from ._isolation.rank_state import RankStates, release_process, resume_process, suspend_process
+from .backend import BACKEND_NAME, register_backend
 from .context import RankContext, build_groups
 from .errors import (
     CollectiveMismatchError,
@@ -37,7 +38,6 @@ from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, c
 from .layout import Layout
 from .overlap import check_members_disjoint
 from .policy import make_policy
-from ._isolation.rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
 from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
 from .spawn import TreeStart
@@ -50,6 +50,8 @@ _GRACE_S = 5.0
 # A rank's own clean-up (stopping its helpers) ends this long before the
 # watchdog's deadline, so the rank's outcome is reported, not a timeout.
 _GRACE_MARGIN_S = 0.25
+# A nested run's caller waits for its ranks in slices this long (see _wait_event).
+_SLICE_S = 0.05
 
 
 class World:
@@ -398,10 +400,9 @@ def run(
         # whose main thread starts them; the rank thread itself stays a daemon
         # for the interpreter (its flag was read when it started).
         threading.current_thread()._daemonic = False  # type: ignore[attr-defined]
-        bind_current(world, rank)
+        identity.bind(world, rank, c10d_state.new_rank_state(run_id, rank))
         world.scheduler.bind_thread(rank)
         try:
-            c10d_state.enter_thread(c10d_state.new_rank_state(run_id, rank))
             go.wait()
             world.scheduler.acquire(rank)
             if world.scheduler.aborted is not None:  # interrupted before its body began
@@ -437,13 +438,18 @@ def run(
             finally:
                 world.scheduler.rank_failed(rank, exc)
         finally:
-            release_process()
-            c10d_state.leave_rank_thread()
-            bind_current(None)
-            exited[rank].set()
+            try:
+                identity.leave(_leave_rank)
+            finally:
+                exited[rank].set()
 
-    c10d_state.install()
-    helpers.install()
+    try:
+        lease = patches.lease()  # c10d routing, helper threads (see _isolation.patches)
+    except BaseException:
+        if world.states is not None:
+            world.states.restore_caller()
+        resume_process(suspended)
+        raise
     timed_out: str | None = None
     try:
         starter = TreeStart(n, rank_main, lambda r: f"simdist-rank-{r}")
@@ -468,8 +474,7 @@ def run(
         if world.states is not None:
             world.states.restore_caller()
         resume_process(suspended)
-        helpers.uninstall()
-        c10d_state.uninstall()
+        lease.release()
         # A group object can outlive its run (returned from the body, kept in a
         # global): calls on it must fail at once, not wait for ranks that are gone.
         world.scheduler.close(
@@ -490,6 +495,12 @@ def run(
     if trace_error is not None:
         raise trace_error
     return results
+
+
+def _leave_rank() -> None:
+    """A rank thread's last clean-up: its process hold, then its c10d names."""
+    release_process()
+    c10d_state.leave_rank_thread()
 
 
 def _share_world_rank_map(world: World) -> None:
@@ -521,9 +532,7 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
     for helper in left:
         # An idle pool worker leaves by itself now that its pool is shut down.
         if helper.thread_id is not None and not helper.idle:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError)
-            )
+            identity.interrupt(helper.thread_id, SimulationError)
     # Never past the run's watchdog: it would interrupt this clean-up and
     # report a timeout instead of what the rank did.
     grace = min(time.monotonic() + _GRACE_S, world.deadline - _GRACE_MARGIN_S)
@@ -669,7 +678,7 @@ def _signal(threads: list[threading.Thread], world: World, error: SimulationErro
     for ident in idents:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(type(error)))
+        identity.interrupt(ident, type(error))
 
 
 def _wait_for(threads: list[threading.Thread]) -> list[threading.Thread]:
@@ -690,8 +699,22 @@ def _join(t: threading.Thread, timeout: float) -> None:
         return  # never started (the OS refused a thread, or interrupted while starting)
     if done is None:
         t.join(timeout)
-    elif done.wait(timeout):
+    elif _wait_event(done, timeout):
         t.join(1.0)  # it has left simdist; let the thread itself end
+
+
+def _wait_event(done: threading.Event, timeout: float) -> bool:
+    """``done.wait(timeout)``; in a rank (a nested run's caller) in slices, so
+    that a stop request of the rank's own run (its Ctrl-C, its watchdog)
+    lands within one and the nested run is taken down with it: a wait
+    blocked in C never sees one."""
+    if identity.me.world is None:
+        return done.wait(timeout)
+    end = time.monotonic() + timeout
+    while not done.wait(min(_SLICE_S, max(0.0, end - time.monotonic()))):
+        if time.monotonic() >= end:
+            return False
+    return True
 
 
 def _outcome(

@@ -36,11 +36,11 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-import threading
 import types
 from typing import Any
 
-from .rank_state import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
+from . import patches
+from .slots import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
 
 # Megatron-core modules whose globals are process state (see the module doc).
 MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.tensor_parallel.random")
@@ -80,8 +80,6 @@ class _FreshGlobals(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self.fresh: dict[str, dict[str, Any]] = {}
-        self.users = 0
-        self.lock = threading.Lock()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in MEGATRON_MODULES:
@@ -120,24 +118,21 @@ _fresh_globals = _FreshGlobals()
 _installed: dict[str, bool] = {}  # top-level package -> importable (looked up once)
 
 
+def install_import_hook() -> None:
+    sys.meta_path.insert(0, _fresh_globals)
+
+
+def remove_import_hook() -> None:
+    if _fresh_globals in sys.meta_path:
+        sys.meta_path.remove(_fresh_globals)
+
+
+patches.register("import hook", install_import_hook, remove_import_hook)
+
+
 def _watch_imports() -> Any:
     """Put the hook in place (once for concurrent runs); returns its release."""
-    with _fresh_globals.lock:
-        if _fresh_globals.users == 0:
-            sys.meta_path.insert(0, _fresh_globals)
-        _fresh_globals.users += 1
-    released = []
-
-    def release() -> None:
-        with _fresh_globals.lock:
-            if released:
-                return
-            released.append(True)
-            _fresh_globals.users -= 1
-            if _fresh_globals.users == 0 and _fresh_globals in sys.meta_path:
-                sys.meta_path.remove(_fresh_globals)
-
-    return release
+    return patches.lease(("import hook",)).release
 
 
 _NOT_YET = object()  # a rank's value for a module that did not exist at run start
