@@ -471,8 +471,15 @@ def run(
                 exc.add_note(_stuck_report(still, "run() was interrupted"))
             raise
     finally:
+        # A tear-down step that fails must not skip the others (a patch, the
+        # c10d routing or the caller's hold left behind would break every
+        # later run): its error is raised once everything is undone.
+        restore_error: BaseException | None = None
         if world.states is not None:
-            world.states.restore_caller()
+            try:
+                world.states.restore_caller()
+            except Exception as exc:
+                restore_error = exc
         resume_process(suspended)
         lease.release()
         # A group object can outlive its run (returned from the body, kept in a
@@ -491,6 +498,8 @@ def run(
                 world.recorder.write_chrome_trace(trace, world.describe_rank)
             except OSError as exc:  # never hide the run's own outcome behind it
                 trace_error = exc
+    if restore_error is not None:
+        raise restore_error
     results = _outcome(world, results, failures, timed_out, trace_error)
     if trace_error is not None:
         raise trace_error
