@@ -354,3 +354,18 @@ def test_ctrl_c_while_a_nested_runs_rank_computes_reaches_the_caller() -> None:
         time.sleep(0.05)  # routing ends when the last rank thread has left
     assert process_patches() == before
     plain_run_works()
+
+
+def test_a_copy_function_that_raises_fails_the_run_and_restores_the_caller() -> None:
+    original = lock_module.STATE  # type: ignore[attr-defined]
+
+    def refuses(value: Any) -> Any:
+        raise OSError("cannot reopen")
+
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(
+            counts_under_the_lock_body, world_size=2, timeout=TIMEOUT, rank_local=[(lock_module, refuses)]
+        )
+    assert isinstance(info.value.__cause__, OSError) and "cannot reopen" in str(info.value.__cause__)
+    assert lock_module.STATE is original and original["n"] == 3  # type: ignore[attr-defined]
+    plain_run_works()
