@@ -228,7 +228,8 @@ def new_run_id() -> int:
 
 
 def current_state() -> RankWorldState | None:
-    return me.c10d  # type: ignore[no-any-return]  # the identity record holds it untyped
+    state: RankWorldState | None = me.c10d
+    return state
 
 
 def leave_rank_thread() -> None:

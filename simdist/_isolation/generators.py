@@ -18,6 +18,7 @@ import torch
 
 from .slots import _same, _Slot
 
+_np: Any
 try:
     import numpy as _np
 except ImportError:  # numpy is optional for simdist
@@ -31,7 +32,7 @@ def _python_random_fingerprint() -> Callable[[], Any] | None:
     """The Mersenne Twister words of ``random``'s global instance, read in
     place (reading them through getstate costs ~9 us a switch). Checked
     against getstate once, so another interpreter's layout disables it."""
-    inst = random._inst  # type: ignore[attr-defined]
+    inst: Any = random._inst  # Any: gauss_next is not in the stubs
     address = id(inst) + object.__basicsize__
     try:
         raw = ctypes.string_at(address, _MT_BYTES)

@@ -218,7 +218,7 @@ def install() -> None:
     threading.Thread.join = _join  # type: ignore[method-assign]
     concurrent.futures.Future.result = _result  # type: ignore[method-assign]
     concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]
-    concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
+    concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]  # a wrapper with the same run-time signature
 
 
 def uninstall() -> None:

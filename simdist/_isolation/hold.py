@@ -74,7 +74,7 @@ def take(states: Any, aborted: Callable[[], Any] = lambda: None) -> bool:
 
 def holds(states: Any) -> bool:
     """Whether this thread holds the process for ``states`` (the fast path of a switch)."""
-    mine = me.hold
+    mine: Hold | None = me.hold
     return mine is not None and mine is _holder and mine.states is states
 
 
@@ -104,5 +104,5 @@ def release_for(states: Any) -> None:
 
 def held_states() -> Any:
     """The run this thread holds the process for, or None."""
-    mine = me.hold
+    mine: Hold | None = me.hold
     return mine.states if mine is not None and mine is _holder else None

@@ -125,7 +125,9 @@ class _Recording(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         # Look like an ordinary import afterwards (reload, resources).
-        module.__loader__ = module.__spec__.loader = self.loader
+        spec = module.__spec__
+        assert spec is not None  # the import system sets it before exec_module
+        module.__loader__ = spec.loader = self.loader
         self.loader.exec_module(module)
         slot = WATCHED[module.__name__](module)
         # A copy: the importing rank goes on to change the live objects in place.

@@ -81,7 +81,9 @@ class RankStates:
     def __init__(self, world_size: int, rank_local: Sequence[Any] = ()) -> None:
         global _owner
         explicit = resolve_rank_local(rank_local)
-        self._slots = _builtin_slots() + explicit + rank_local_defaults.default_slots({s.name for s in explicit})
+        self._slots = (
+            _builtin_slots() + explicit + rank_local_defaults.default_slots({s.name for s in explicit})
+        )
         self._lock = threading.Lock()
         # The caller's values, not those of a rank of another run in progress.
         try:
