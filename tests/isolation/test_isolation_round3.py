@@ -248,9 +248,10 @@ def test_a_copy_function_in_the_wrong_place_is_refused_naming_the_entry() -> Non
 
 def test_dtensor_first_imported_inside_the_ranks_keeps_loss_parallel_per_rank() -> None:
     """In a fresh interpreter (this one has imported DTensor long ago)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    root = HERE.parents[1]  # the repository: this checkout's simdist, not an installed one
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, str(HERE / "isolation_programs" / "late_dtensor.py")],
+        [sys.executable, str(HERE / "late_dtensor_program.py")],
         capture_output=True,
         text=True,
         timeout=600,

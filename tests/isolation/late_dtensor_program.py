@@ -1,4 +1,4 @@
-"""Run by tests/test_isolation_round3.py in a fresh interpreter: DTensor is first
+"""Run by tests/isolation/test_isolation_round3.py in a fresh interpreter: DTensor is first
 imported inside the ranks (as a test module that imports lazily), and TP +
 loss_parallel() must still give every rank the float64 answer."""
 
