@@ -36,7 +36,10 @@ simdist cannot stop, and is reported as such.
 from __future__ import annotations
 
 import ctypes
+import logging
+import sys
 import threading
+import time
 from typing import Any
 
 __all__ = ["Identity", "bind", "interrupt", "leave", "me", "shield", "unbind"]
@@ -99,13 +102,34 @@ def _set_async(ident: int, exc_type: Any) -> None:
     )
 
 
+# logging's handlers take a lock in a plain method (``Handler.acquire``), outside
+# any ``with``: a stop landing right after that acquire leaks the lock, and
+# every later log call of the process (c10d logs every failed collective)
+# hangs. A stop is held back while the thread is inside logging.
+_LOGGING_FILE = logging.__file__
+_HOLD_BACK_S = 0.2
+
+
+def _in_logging(ident: int) -> bool:
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_filename == _LOGGING_FILE:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def interrupt(ident: int, exc_type: type[BaseException]) -> None:
     """Ask the thread ``ident`` to stop by raising ``exc_type`` in it.
 
     A bound thread is asked at most once, and only until it shields its
     clean-up; a thread simdist did not bind (none should be asked) is asked
     as before. A thread blocked in C only sees the request when it returns
-    to Python."""
+    to Python. A thread inside ``logging`` is asked once it has left it (at
+    most ``_HOLD_BACK_S`` later: a thread stuck there is asked all the same)."""
+    end = time.monotonic() + _HOLD_BACK_S
+    while _in_logging(ident) and time.monotonic() < end:
+        time.sleep(0.001)
     gate = _gates.get(ident)
     if gate is None:
         _set_async(ident, exc_type)

@@ -109,3 +109,47 @@ def test_leases_count_users_and_release_once() -> None:
     assert patches.installed() == []
     with pytest.raises(ValueError, match="unknown simdist patch"):
         patches.lease(("c10d routnig",))
+
+
+def test_a_stop_never_lands_inside_logging_and_leaks_a_handler_lock() -> None:
+    """logging's Handler.acquire takes its lock outside any ``with``: a stop
+    landing right after it leaked the lock (about one stop in eight, raised
+    the old way), and every later log call of the process hung; c10d logs
+    every failed collective, so one leak hung every later simdist test."""
+    import io
+    import logging
+
+    leaks = 0
+    for trial in range(40):
+        log = logging.getLogger(f"simdist.test.leak{trial}")
+        log.propagate = False
+        log.setLevel(logging.DEBUG)
+        handler = logging.StreamHandler(io.StringIO())
+        log.addHandler(handler)
+        ready = threading.Event()
+
+        def body() -> None:
+            identity.bind(object(), 0)
+            ready.set()
+            try:
+                while True:  # in and out of logging, as a rank logging its calls
+                    log.debug("call %s", 1)
+                    for _ in range(300):
+                        pass
+            except simdist.SimulationError:
+                pass
+            identity.leave(lambda: None)
+
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        assert ready.wait(30)
+        time.sleep(0.01)
+        assert thread.ident is not None
+        identity.interrupt(thread.ident, simdist.SimulationError)
+        thread.join(30)
+        if handler.lock is not None and handler.lock.acquire(timeout=1.0):
+            handler.lock.release()
+        else:
+            leaks += 1
+        log.removeHandler(handler)
+    assert leaks == 0
