@@ -86,11 +86,17 @@ def _dtensor_tracker_slot(module: types.ModuleType) -> _Slot:
 
 # Modules whose state is rank-local by default, with the slot that swaps it
 # once the module exists (see the module doc).
-WATCHED: dict[str, Callable[[types.ModuleType], _Slot]] = {
+_DTENSOR_WATCHED: dict[str, Callable[[types.ModuleType], _Slot]] = {
     "torch.distributed.tensor._api": _dtensor_api_slot,
     "torch.distributed.tensor._random": _dtensor_tracker_slot,
-    **{name: _module_slot for name in MEGATRON_MODULES},
 }
+
+
+def _watched(name: str) -> Callable[[types.ModuleType], _Slot] | None:
+    """The slot maker of a watched module (``MEGATRON_MODULES`` read now: tests swap it)."""
+    if name in _DTENSOR_WATCHED:
+        return _DTENSOR_WATCHED[name]
+    return _module_slot if name in MEGATRON_MODULES else None
 
 
 class _FreshGlobals(importlib.abc.MetaPathFinder):
@@ -100,7 +106,7 @@ class _FreshGlobals(importlib.abc.MetaPathFinder):
         self.fresh: dict[str, Any] = {}
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in WATCHED:
+        if _watched(fullname) is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -129,7 +135,9 @@ class _Recording(importlib.abc.Loader):
         assert spec is not None  # the import system sets it before exec_module
         module.__loader__ = spec.loader = self.loader
         self.loader.exec_module(module)
-        slot = WATCHED[module.__name__](module)
+        make = _watched(module.__name__)
+        assert make is not None  # only watched modules get this loader
+        slot = make(module)
         # A copy: the importing rank goes on to change the live objects in place.
         self.fresh[module.__name__] = slot.copy(slot.get())
 
@@ -170,7 +178,9 @@ def _late_module_slot(name: str, release: Any) -> _Slot:
             module = sys.modules.get(name)
             if module is None or name not in _fresh_globals.fresh:
                 return None
-            inner.append(WATCHED[name](module))
+            make = _watched(name)
+            assert make is not None
+            inner.append(make(module))
         return inner[0]
 
     def fingerprint() -> Any:
