@@ -292,7 +292,7 @@ def child_switch() -> dict[str, Any]:
 
     import torch
 
-    from simdist.rank_state import RankStates
+    from simdist._isolation.rank_state import RankStates
 
     out: dict[str, Any] = {}
     which = iter(range(10**9))

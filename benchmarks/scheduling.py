@@ -37,7 +37,7 @@ except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import simdist
 
-from simdist.rank_state import RankStates
+from simdist._isolation.rank_state import RankStates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collectives import time_all_reduce

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from . import collectives as C
 from . import stacks
-from .c10d_state import scoped_name
+from ._core import identity
+from ._isolation.c10d_state import scoped_name
 from .errors import CollectiveMismatchError, SimulationError, UnsupportedOperationError
 from .reduction import check_reduce_op
 from .rendezvous import Call, GroupInfo, P2POp, Scheduler, Waitable
@@ -137,7 +138,7 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         # The hot path of every collective: kept flat on purpose (each Python
         # call costs about as much as the bookkeeping it would hide).
-        if getattr(_current, "world", None) is not self._world or _current.rank != self._global_rank:
+        if _current.world is not self._world or _current.rank != self._global_rank:
             _check_caller(self._scheduler, self._global_rank, op)
         seq = self._seq
         self._seq = seq + 1
@@ -675,14 +676,15 @@ class WorldHooks:
 
 # -- registration with c10d ---------------------------------------------------------
 
-_current = threading.local()
+# The thread's rank identity (``_core.identity``): ``_current.world``/``.rank``.
+_current = identity.me
 
 
 def _refused(error: BaseException) -> BaseException:
     """Note a call simdist cannot model at world level, so that a body that
     catches the error (and falls back) still fails the run: its results would
     not be what a real backend gives."""
-    world = getattr(_current, "world", None)
+    world = _current.world
     if world is not None:
         world.scheduler.record(_current.rank, error)
     return error
@@ -693,7 +695,7 @@ def _check_caller(scheduler: Scheduler, rank: int, what: str) -> None:
     a cluster no such thread exists, and taking its call as the rank's would
     join (or wait in) the rank's collectives behind its back. Refused; once
     the run is over the scheduler's own "already ended" error says more."""
-    world = getattr(_current, "world", None)
+    world = _current.world
     if world is not None and world.scheduler is scheduler and _current.rank == rank:
         return
     if scheduler.closed is not None:
@@ -712,15 +714,18 @@ def _check_caller(scheduler: Scheduler, rank: int, what: str) -> None:
 
 
 def current_world() -> tuple[WorldHooks, int]:
-    world = getattr(_current, "world", None)
+    world = _current.world
     if world is None:
         raise SimulationError("the 'simdist' backend can only be initialised inside simdist.run(...)")
     return world, _current.rank
 
 
-def bind_current(world: WorldHooks | None, rank: int = -1) -> None:
-    _current.world = world
-    _current.rank = rank
+def bind_current(world: WorldHooks | None, rank: int = -1, c10d: Any = None, helper: Any = None) -> None:
+    """Bind this thread to ``rank`` of ``world`` (None: unbind it); see ``_core.identity``."""
+    if world is None:
+        identity.unbind()
+    else:
+        identity.bind(world, rank, c10d, helper)
 
 
 def _create(backend_opts: Any, pg_options: Any) -> SimProcessGroup:

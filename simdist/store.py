@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import backend
+from ._core import identity
 from .rendezvous import Scheduler, Waitable
 
 
@@ -133,10 +133,11 @@ class RankStore(dist.Store):
     # -- internals ---------------------------------------------------------
 
     def _rank_of_caller(self) -> int | None:
-        world = getattr(backend._current, "world", None)
+        me = identity.me
+        world = me.world
         if world is None or getattr(world, "scheduler", None) is not self._scheduler:
             return None
-        return backend._current.rank
+        return me.rank
 
     def _wait_outside(self, keys: list[str]) -> None:
         if not self._changed.wait_for(lambda: all(k in self._data for k in keys), self._timeout_s):

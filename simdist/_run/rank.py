@@ -13,12 +13,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import c10d_state, helpers, stacks
-from ..backend import BACKEND_NAME, bind_current
+from .. import stacks
+from .._core import identity
+from .._isolation import c10d_state, helpers
+from .._isolation.rank_state import release_process
+from ..backend import BACKEND_NAME
 from ..context import RankContext, build_groups
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
-from ..rank_state import release_process
 from . import watchdog
 from .world import World
 
@@ -42,6 +44,12 @@ def rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int, share: bo
             f"pass share_args=True to give every rank the same objects (as no real "
             f"process could share them, make sure that is what the test means)"
         ) from exc
+
+
+def _leave_rank() -> None:
+    """A rank thread's last clean-up: its process hold, then its c10d names."""
+    release_process()
+    c10d_state.leave_rank_thread()
 
 
 class RankThreads:
@@ -74,10 +82,9 @@ class RankThreads:
         # whose main thread starts them; the rank thread itself stays a daemon
         # for the interpreter (its flag was read when it started).
         threading.current_thread()._daemonic = False  # type: ignore[attr-defined]
-        bind_current(world, rank)
+        identity.bind(world, rank, c10d_state.new_rank_state(self.run_id, rank))
         world.scheduler.bind_thread(rank)
         try:
-            c10d_state.enter_thread(c10d_state.new_rank_state(self.run_id, rank))
             self.go.wait()
             world.scheduler.acquire(rank)
             if world.scheduler.aborted is not None:  # interrupted before its body began
@@ -96,10 +103,11 @@ class RankThreads:
             finally:
                 world.scheduler.rank_failed(rank, exc)
         finally:
-            release_process()
-            c10d_state.leave_rank_thread()
-            bind_current(None)
-            self.exited[rank].set()
+            # No stop request can land in this clean-up (see _core.identity).
+            try:
+                identity.leave(_leave_rank)
+            finally:
+                self.exited[rank].set()
 
     def _body(self, rank: int) -> Any:
         world, options = self.world, self.world.options

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from .. import c10d_state, helpers
+from .._isolation import c10d_state, patches
+from .._isolation.rank_state import resume_process, suspend_process
 from ..backend import register_backend
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
 from ..faults import FaultPlan
 from ..layout import Layout
-from ..rank_state import resume_process, suspend_process
 from ..reduction import ReductionModel
 from ..spawn import TreeStart
 from ..trace import DEFAULT_RECORDS
@@ -147,12 +147,19 @@ def run_with_options(
     run_name = f"simdist.run #{next(_run_counter)} (body {getattr(fn, '__qualname__', repr(fn))})"
     register_backend()
     ranks = RankThreads(world, fn, inputs, devices, c10d_state.new_run_id())
-    c10d_state.install()
-    helpers.install()
+    try:
+        lease = patches.lease()  # c10d routing, helper threads (see _isolation.patches)
+    except BaseException:
+        if world.states is not None:
+            world.states.restore_caller()
+        resume_process(suspended)
+        raise
     try:
         timed_out = _start_and_join(ranks, world.deadline)
     finally:
-        observer_error = _tear_down(world, suspended, run_name, observers)
+        restore_error, observer_error = _tear_down(world, suspended, lease, run_name, observers)
+    if restore_error is not None:
+        raise restore_error
     # debug hook: a failing run writes its trace when asked to
     results = debug_hooks.outcome(
         world, lambda: outcome(world, ranks.results, ranks.failures, timed_out, observer_error)
@@ -185,13 +192,22 @@ def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
         raise
 
 
-def _tear_down(world: World, suspended: Any, run_name: str, observers: list[RunObserver]) -> OSError | None:
-    """Give the caller its process back, close the world, tell the observers."""
+def _tear_down(
+    world: World, suspended: Any, lease: patches.Lease, run_name: str, observers: list[RunObserver]
+) -> tuple[BaseException | None, OSError | None]:
+    """Give the caller its process back, close the world, tell the observers.
+
+    A step that fails must not skip the others (a patch, the c10d routing or
+    the caller's hold left behind would break every later run): the
+    restore's error is returned, to be raised once everything is undone."""
+    restore_error: BaseException | None = None
     if world.states is not None:
-        world.states.restore_caller()
+        try:
+            world.states.restore_caller()
+        except Exception as exc:
+            restore_error = exc
     resume_process(suspended)
-    helpers.uninstall()
-    c10d_state.uninstall()
+    lease.release()
     # A group object can outlive its run (returned from the body, kept in a
     # global): calls on it must fail at once, not wait for ranks that are gone.
     world.scheduler.close(
@@ -200,4 +216,4 @@ def _tear_down(world: World, suspended: Any, run_name: str, observers: list[RunO
             f"can only be used inside the run that created it"
         )
     )
-    return tell_ended(observers, world)
+    return restore_error, tell_ended(observers, world)

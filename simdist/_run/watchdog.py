@@ -7,13 +7,13 @@ named with its stack and left behind as a daemon.
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from .. import stacks
+from .._core import identity
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError, SimulationTimeout
 
@@ -28,7 +28,7 @@ GRACE_S = 5.0
 
 def raise_in(thread_id: int, error: type[BaseException]) -> None:
     """Raise ``error`` in the thread ``thread_id`` at its next Python bytecode."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(error))
+    identity.interrupt(thread_id, error)  # gated: never in a thread's clean-up
 
 
 def join_all(threads: list[threading.Thread], world: World, deadline: float, timeout: float) -> str | None:
@@ -134,5 +134,23 @@ def join(t: threading.Thread, timeout: float) -> None:
         return  # never started (the OS refused a thread, or interrupted while starting)
     if done is None:
         t.join(timeout)
-    elif done.wait(timeout):
+    elif _wait_event(done, timeout):
         t.join(1.0)  # it has left simdist; let the thread itself end
+
+
+# A nested run's caller waits for its ranks in slices this long (see _wait_event).
+_SLICE_S = 0.05
+
+
+def _wait_event(done: threading.Event, timeout: float) -> bool:
+    """``done.wait(timeout)``; in a rank (a nested run's caller) in slices, so
+    that a stop request of the rank's own run (its Ctrl-C, its watchdog)
+    lands within one and the nested run is taken down with it: a wait
+    blocked in C never sees one."""
+    if identity.me.world is None:
+        return done.wait(timeout)
+    end = time.monotonic() + timeout
+    while not done.wait(min(_SLICE_S, max(0.0, end - time.monotonic()))):
+        if time.monotonic() >= end:
+            return False
+    return True

@@ -13,10 +13,10 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from .._isolation.rank_state import RankStates, release_process
 from ..errors import CollectiveMismatchError
 from ..faults import FaultState
 from ..policy import make_policy
-from ..rank_state import RankStates, release_process
 from ..rendezvous import GroupInfo, Scheduler
 from ..store import RankStore
 from ..trace import Recorder

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 import simdist
-import simdist.rank_local_defaults as defaults
+import simdist._isolation.rank_local_defaults as defaults
 from simdist import Layout
 
 TIMEOUT = 60.0

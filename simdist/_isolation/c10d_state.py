@@ -28,7 +28,9 @@ from typing import Any
 
 import torch.distributed.distributed_c10d as c10d
 
-_tls = threading.local()
+from .._core.identity import me
+from . import patches
+
 _install_lock = threading.Lock()
 _runs = 0  # runs in progress
 _live: set[RankWorldState] = set()  # rank states whose thread has not left yet
@@ -63,7 +65,7 @@ class RankWorldState:
 def _routed(name: str, settable: bool = False) -> property:
     def get(self: _ThreadRoutedWorld) -> Any:
         # _target() inlined: c10d reads these several times per collective.
-        return getattr(getattr(_tls, "state", None) or self._original, name)
+        return getattr(me.c10d or self._original, name)
 
     def set_(self: _ThreadRoutedWorld, value: Any) -> None:
         setattr(self._target(), name, value)
@@ -76,7 +78,7 @@ class _ThreadRoutedWorld(c10d._World):
         self._original = original
 
     def _target(self) -> Any:
-        return getattr(_tls, "state", None) or self._original
+        return me.c10d or self._original
 
     default_pg = _routed("default_pg", settable=True)
     pg_map = _routed("pg_map")
@@ -94,7 +96,7 @@ def scoped_name(name: str) -> str:
     """The registry name of a group this thread's rank creates: c10d's own
     name (the same on every member; store prefixes use it) plus the scope
     that makes it unique in the process. Outside a rank, ``name`` itself."""
-    state = getattr(_tls, "state", None)
+    state = me.c10d
     if state is None or SCOPE_SEP in name:
         return name
     return f"{name}{SCOPE_SEP}{state.scope}"
@@ -106,13 +108,13 @@ def scoped_name(name: str) -> str:
 def _register_process_group(name: str, pg: Any) -> None:
     name = scoped_name(name)
     _patched["_register_process_group"](name, pg)
-    state = getattr(_tls, "state", None)
+    state = me.c10d
     if state is not None:
         state.registered[name] = pg
 
 
 def _unregister_process_group(name: str) -> None:
-    state = getattr(_tls, "state", None)
+    state = me.c10d
     if state is not None and name not in state.registered:
         return  # not this rank's: never touch another rank's or the caller's group
     _patched["_unregister_process_group"](name)
@@ -124,7 +126,7 @@ def _unregister_all_process_groups() -> None:
     """``destroy_process_group()`` wipes the whole registry. In a rank, wipe
     only that rank's names; elsewhere (a real world torn down in another
     thread during a run), put the live ranks' names back afterwards."""
-    state = getattr(_tls, "state", None)
+    state = me.c10d
     if state is not None:
         for name in list(state.registered):
             _unregister_process_group(name)
@@ -145,7 +147,7 @@ _REAL_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl"}
 def _new_process_group_helper(
     group_size: int, group_rank: int, global_ranks: Any, backend: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    if getattr(_tls, "state", None) is not None and backend is not None:
+    if me.c10d is not None and backend is not None:
         # "gloo", or a device map such as "cpu:gloo,cuda:nccl"
         names = {part.split(":")[-1].strip().lower() for part in str(backend).split(",")}
         if names <= _REAL_BACKENDS:
@@ -210,6 +212,9 @@ def uninstall() -> None:
         _unroute_if_idle_locked()
 
 
+patches.register("c10d routing", install, uninstall)
+
+
 def new_rank_state(run_id: int, rank: int) -> RankWorldState:
     """A rank's c10d state, counted live until ``leave_rank_thread``."""
     state = RankWorldState(f"{run_id}.r{rank}")
@@ -223,17 +228,13 @@ def new_run_id() -> int:
 
 
 def current_state() -> RankWorldState | None:
-    return getattr(_tls, "state", None)
-
-
-def enter_thread(state: RankWorldState | None) -> None:
-    """Make ``state`` this thread's c10d state (a rank's thread or its helper)."""
-    _tls.state = state
+    state: RankWorldState | None = me.c10d
+    return state
 
 
 def leave_rank_thread() -> None:
     """Forget this rank's groups: its registry names, then its c10d state."""
-    state: RankWorldState | None = getattr(_tls, "state", None)
+    state: RankWorldState | None = me.c10d
     if state is None:
         return
     try:
@@ -243,7 +244,7 @@ def leave_rank_thread() -> None:
             except Exception:
                 pass  # already gone
     finally:
-        _tls.state = None
+        me.c10d = None
         with _install_lock:
             _live.discard(state)
             _unroute_if_idle_locked()

@@ -36,11 +36,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
-from .rank_state import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
+from . import patches
+from .slots import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
 
 # Megatron-core modules whose globals are process state (see the module doc).
 MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.tensor_parallel.random")
@@ -75,16 +76,37 @@ def _dtensor_handlers_slot(dispatcher: Any) -> _Slot:
     return _Slot(attr_slot_name(type(dispatcher), attr), get, set_, copy_, fingerprint)
 
 
+def _dtensor_api_slot(module: types.ModuleType) -> _Slot:
+    return _dtensor_handlers_slot(module.DTensor._op_dispatcher)
+
+
+def _dtensor_tracker_slot(module: types.ModuleType) -> _Slot:
+    return _attr_slot(module, "_rng_tracker")
+
+
+# Modules whose state is rank-local by default, with the slot that swaps it
+# once the module exists (see the module doc).
+_DTENSOR_WATCHED: dict[str, Callable[[types.ModuleType], _Slot]] = {
+    "torch.distributed.tensor._api": _dtensor_api_slot,
+    "torch.distributed.tensor._random": _dtensor_tracker_slot,
+}
+
+
+def _watched(name: str) -> Callable[[types.ModuleType], _Slot] | None:
+    """The slot maker of a watched module (``MEGATRON_MODULES`` read now: tests swap it)."""
+    if name in _DTENSOR_WATCHED:
+        return _DTENSOR_WATCHED[name]
+    return _module_slot if name in MEGATRON_MODULES else None
+
+
 class _FreshGlobals(importlib.abc.MetaPathFinder):
-    """Records a watched module's globals right after its code has run."""
+    """Records a watched module's state right after its code has run."""
 
     def __init__(self) -> None:
-        self.fresh: dict[str, dict[str, Any]] = {}
-        self.users = 0
-        self.lock = threading.Lock()
+        self.fresh: dict[str, Any] = {}
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in MEGATRON_MODULES:
+        if _watched(fullname) is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -100,7 +122,7 @@ class _FreshGlobals(importlib.abc.MetaPathFinder):
 
 
 class _Recording(importlib.abc.Loader):
-    def __init__(self, loader: Any, fresh: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, loader: Any, fresh: dict[str, Any]) -> None:
         self.loader = loader
         self.fresh = fresh
 
@@ -109,9 +131,13 @@ class _Recording(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         # Look like an ordinary import afterwards (reload, resources).
-        module.__loader__ = module.__spec__.loader = self.loader
+        spec = module.__spec__
+        assert spec is not None  # the import system sets it before exec_module
+        module.__loader__ = spec.loader = self.loader
         self.loader.exec_module(module)
-        slot = _module_slot(module)
+        make = _watched(module.__name__)
+        assert make is not None  # only watched modules get this loader
+        slot = make(module)
         # A copy: the importing rank goes on to change the live objects in place.
         self.fresh[module.__name__] = slot.copy(slot.get())
 
@@ -120,24 +146,21 @@ _fresh_globals = _FreshGlobals()
 _installed: dict[str, bool] = {}  # top-level package -> importable (looked up once)
 
 
+def install_import_hook() -> None:
+    sys.meta_path.insert(0, _fresh_globals)
+
+
+def remove_import_hook() -> None:
+    if _fresh_globals in sys.meta_path:
+        sys.meta_path.remove(_fresh_globals)
+
+
+patches.register("import hook", install_import_hook, remove_import_hook)
+
+
 def _watch_imports() -> Any:
     """Put the hook in place (once for concurrent runs); returns its release."""
-    with _fresh_globals.lock:
-        if _fresh_globals.users == 0:
-            sys.meta_path.insert(0, _fresh_globals)
-        _fresh_globals.users += 1
-    released = []
-
-    def release() -> None:
-        with _fresh_globals.lock:
-            if released:
-                return
-            released.append(True)
-            _fresh_globals.users -= 1
-            if _fresh_globals.users == 0 and _fresh_globals in sys.meta_path:
-                sys.meta_path.remove(_fresh_globals)
-
-    return release
+    return patches.lease(("import hook",)).release
 
 
 _NOT_YET = object()  # a rank's value for a module that did not exist at run start
@@ -146,8 +169,8 @@ _NOT_YET = object()  # a rank's value for a module that did not exist at run sta
 def _late_module_slot(name: str, release: Any) -> _Slot:
     """A module a rank may import during the run. Until then there is nothing
     to swap; afterwards each rank whose value is still ``_NOT_YET`` gets a copy
-    of the fresh globals, as its own first import would have given it. Always
-    read (no fingerprint): this only happens in runs that imported it."""
+    of the fresh state, as its own first import would have given it. Once it
+    exists it is always read (no fingerprint): only in runs that imported it."""
     inner: list[_Slot] = []
 
     def module_slot() -> _Slot | None:
@@ -155,8 +178,14 @@ def _late_module_slot(name: str, release: Any) -> _Slot:
             module = sys.modules.get(name)
             if module is None or name not in _fresh_globals.fresh:
                 return None
-            inner.append(_module_slot(module))
+            make = _watched(name)
+            assert make is not None
+            inner.append(make(module))
         return inner[0]
+
+    def fingerprint() -> Any:
+        # Vouches only while the module does not exist (costs a lookup a switch).
+        return _NOT_YET if not inner and name not in sys.modules else None
 
     def get() -> Any:
         slot = module_slot()
@@ -167,7 +196,14 @@ def _late_module_slot(name: str, release: Any) -> _Slot:
         if slot is not None:
             slot.set(slot.copy(_fresh_globals.fresh[name]) if value is _NOT_YET else value)
 
-    return _Slot(module_slot_name(name), get, set_, lambda v: v, close=release)
+    slot_name = module_slot_name(name) if name in MEGATRON_MODULES else _DTENSOR_NAMES[name]
+    return _Slot(slot_name, get, set_, lambda v: v, fingerprint, close=release)
+
+
+_DTENSOR_NAMES = {
+    "torch.distributed.tensor._api": "OpDispatcher._custom_op_handlers",
+    "torch.distributed.tensor._random": "torch.distributed.tensor._random._rng_tracker",
+}
 
 
 def _importable(name: str) -> bool:
@@ -184,15 +220,21 @@ def default_slots(taken: set[str]) -> list[_Slot]:
     """Slots for the default rank-local state the process holds now, leaving
     out any the caller already listed in ``rank_local`` (names in ``taken``)."""
     slots: list[_Slot] = []
+    late = []
     api = sys.modules.get("torch.distributed.tensor._api")
     if api is not None and hasattr(api, "DTensor"):
         dispatcher = api.DTensor._op_dispatcher
         if isinstance(getattr(dispatcher, "_custom_op_handlers", None), dict):
             slots.append(_dtensor_handlers_slot(dispatcher))
+    elif api is None and "torch.distributed.tensor" not in sys.modules:
+        # A rank may import DTensor first (a test module that imports lazily):
+        # its handler table must still be each rank's own.
+        late.append("torch.distributed.tensor._api")
     tracker_module = sys.modules.get("torch.distributed.tensor._random")
     if tracker_module is not None and hasattr(tracker_module, "_rng_tracker"):
         slots.append(_attr_slot(tracker_module, "_rng_tracker"))
-    late = []
+    elif tracker_module is None and "torch.distributed.tensor" not in sys.modules:
+        late.append("torch.distributed.tensor._random")
     for name in MEGATRON_MODULES:
         if module_slot_name(name) in taken:
             continue

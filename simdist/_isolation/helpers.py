@@ -25,20 +25,18 @@ import concurrent.futures.thread
 import threading
 from typing import Any
 
-from . import backend, c10d_state
-from .errors import SimulationError
-from .rendezvous import HelperSlot, Scheduler, ThreadExit
+from .._core import identity
+from ..rendezvous import HelperSlot, Scheduler, ThreadExit
+from . import c10d_state, patches
 
-_lock = threading.Lock()
-_installs = 0
 _originals: dict[str, Any] = {}
 
 
 def _owner() -> tuple[Any, int] | None:
-    world = getattr(backend._current, "world", None)
+    world = identity.me.world
     if world is None:
         return None
-    return world, backend._current.rank
+    return world, identity.me.rank
 
 
 def _start(self: threading.Thread) -> None:
@@ -60,24 +58,16 @@ def _start(self: threading.Thread) -> None:
     body = self.run
 
     def run_as_rank() -> None:
-        backend.bind_current(world, rank)
-        c10d_state.enter_thread(state)
+        identity.bind(world, rank, state, helper)
         scheduler.bind_helper(helper)
         try:
             body()
         except BaseException as exc:
             world.helper_failed(rank, helper.name, exc)
         finally:
-            # A stop request (an async exception: the rank ended, the watchdog)
-            # may land here, after the body: clean-up is idempotent, retried.
-            for _ in range(100):
-                try:
-                    scheduler.remove_helper(rank, helper)
-                    c10d_state.enter_thread(None)
-                    backend.bind_current(None)
-                    break
-                except SimulationError:
-                    continue
+            # No stop request (the rank's end, the watchdog) can land in the
+            # clean-up once the gate is shut (see ``_core.identity``).
+            identity.leave(lambda: scheduler.remove_helper(rank, helper))
 
     self.run = run_as_rank  # type: ignore[method-assign]
     # The interpreter must never wait for a helper at exit: simdist waits for
@@ -214,39 +204,34 @@ def _exception(self: concurrent.futures.Future, timeout: float | None = None) ->
 
 
 def install() -> None:
-    """Adopt helper threads of ranks (runs nest and overlap: counted)."""
-    global _installs
-    with _lock:
-        if _installs == 0:
-            _originals.update(
-                start=threading.Thread.start,
-                join=threading.Thread.join,
-                result=concurrent.futures.Future.result,
-                exception=concurrent.futures.Future.exception,
-                submit=concurrent.futures.ThreadPoolExecutor.submit,
-                executor_init=concurrent.futures.ThreadPoolExecutor.__init__,
-            )
-            concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]
-            threading.Thread.start = _start  # type: ignore[method-assign]
-            threading.Thread.join = _join  # type: ignore[method-assign]
-            concurrent.futures.Future.result = _result  # type: ignore[method-assign]
-            concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]
-            concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
-        _installs += 1
+    """Adopt helper threads of ranks (once for all runs: see ``patches``)."""
+    _originals.update(
+        start=threading.Thread.start,
+        join=threading.Thread.join,
+        result=concurrent.futures.Future.result,
+        exception=concurrent.futures.Future.exception,
+        submit=concurrent.futures.ThreadPoolExecutor.submit,
+        executor_init=concurrent.futures.ThreadPoolExecutor.__init__,
+    )
+    concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]
+    threading.Thread.start = _start  # type: ignore[method-assign]
+    threading.Thread.join = _join  # type: ignore[method-assign]
+    concurrent.futures.Future.result = _result  # type: ignore[method-assign]
+    concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]
+    concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]  # a wrapper with the same run-time signature
 
 
 def uninstall() -> None:
-    global _installs
-    with _lock:
-        _installs -= 1
-        if _installs == 0:
-            threading.Thread.start = _originals["start"]  # type: ignore[method-assign]
-            threading.Thread.join = _originals["join"]  # type: ignore[method-assign]
-            concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]
-            concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]
-            concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]
-            concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]
-            _originals.clear()
+    threading.Thread.start = _originals["start"]  # type: ignore[method-assign]
+    threading.Thread.join = _originals["join"]  # type: ignore[method-assign]
+    concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]
+    concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]
+    concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]
+    concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]
+    _originals.clear()
+
+
+patches.register("helper threads", install, uninstall)
 
 
 def helper_ids(helpers: list[HelperSlot]) -> list[int]:

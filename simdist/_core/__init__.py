@@ -1,0 +1,1 @@
+"""Threads and waits, no torch.distributed."""

@@ -1,0 +1,182 @@
+"""Which rank is this thread? One record per thread, bound and unbound in one place.
+
+A rank's main thread and every helper thread it starts serve one rank of one
+run. Everything simdist needs to know about that lives here, in one
+thread-local record, set by ``bind`` when the thread starts serving the rank
+and cleared by ``unbind`` when it stops:
+
+* ``world``: the run's World (None: the thread is outside every run),
+* ``rank``: the global rank it serves (-1 outside),
+* ``c10d``: the rank's own c10d state (``_isolation.c10d_state``),
+* ``helper``: its wait slot when it is a helper thread (None for a rank's main thread),
+* ``hold``: its hold on the process state, if it has one (``_isolation.rank_state``).
+
+Readers on the hot path (c10d routing, the process group's caller check) read
+``me.<field>`` directly: a subclass of ``threading.local`` with class-level
+defaults answers for a thread that was never bound, so no ``getattr`` default
+is needed and a read costs one attribute lookup.
+
+Stop requests. simdist stops a thread by raising an exception in it
+(``PyThreadState_SetAsyncExc``): the watchdog, Ctrl-C in the caller, a rank's
+end stopping its helpers. Such an exception lands at whatever bytecode the
+thread runs next, including the thread's own clean-up after its body, which
+then stops half done (its helper slot never removed: its rank waits for it).
+``interrupt`` therefore sends a stop only while the thread's gate is open, at
+most once per thread, and ``leave`` shuts the gate before the clean-up: once
+it is shut no stop can be sent, and a stop sent just before is either dropped
+(CPython keeps one pending asynchronous exception per thread; it is cleared)
+or raised while shutting and absorbed there; since it was the only one, the
+second shut cannot be interrupted. No retry loop is needed (the old helper
+clean-up retried up to 100 times, hoping the stops ran out).
+
+A thread that catches its stop and goes on is not asked again: it is one
+simdist cannot stop, and is reported as such.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["Identity", "bind", "interrupt", "leave", "me", "shield", "unbind"]
+
+
+class _Gate:
+    """Whether simdist may still raise a stop in one thread (shared with senders)."""
+
+    __slots__ = ("ident", "lock", "open", "stopped")
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.lock = threading.Lock()
+        self.open = True
+        self.stopped = False
+
+
+class Identity(threading.local):
+    """This thread's record (class attributes: the values of an unbound thread)."""
+
+    world: Any = None
+    rank: int = -1
+    c10d: Any = None
+    helper: Any = None
+    hold: Any = None
+    gate: _Gate | None = None
+
+
+me = Identity()
+
+# Gates of the bound threads, by thread id: what ``interrupt`` looks up.
+_gates: dict[int, _Gate] = {}
+
+
+def bind(world: Any, rank: int, c10d: Any = None, helper: Any = None) -> None:
+    """This thread now serves ``rank`` of ``world`` (a rank's thread, or its helper)."""
+    ident = threading.get_ident()
+    gate = _Gate(ident)
+    me.world = world
+    me.rank = rank
+    me.c10d = c10d
+    me.helper = helper
+    me.hold = None
+    me.gate = gate
+    _gates[ident] = gate
+
+
+def unbind() -> None:
+    """This thread serves no rank any more (call ``shield`` first)."""
+    gate = me.gate
+    if gate is not None and _gates.get(gate.ident) is gate:
+        del _gates[gate.ident]
+    me.__dict__.clear()  # back to the class defaults
+
+
+def _set_async(ident: int, exc_type: Any) -> None:
+    # None clears a pending exception (CPython takes NULL as "no exception").
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), None if exc_type is None else ctypes.py_object(exc_type)
+    )
+
+
+# logging's handlers take a lock in a plain method (``Handler.acquire``), outside
+# any ``with``: a stop landing right after that acquire leaks the lock, and
+# every later log call of the process (c10d logs every failed collective)
+# hangs. A stop is held back while the thread is inside logging.
+_LOGGING_FILE = logging.__file__
+_HOLD_BACK_S = 0.2
+
+
+def _in_logging(ident: int) -> bool:
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_filename == _LOGGING_FILE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def interrupt(ident: int, exc_type: type[BaseException]) -> None:
+    """Ask the thread ``ident`` to stop by raising ``exc_type`` in it.
+
+    A bound thread is asked at most once, and only until it shields its
+    clean-up; a thread simdist did not bind (none should be asked) is asked
+    as before. A thread blocked in C only sees the request when it returns
+    to Python. A thread inside ``logging`` is asked once it has left it (at
+    most ``_HOLD_BACK_S`` later: a thread stuck there is asked all the same)."""
+    end = time.monotonic() + _HOLD_BACK_S
+    while _in_logging(ident) and time.monotonic() < end:
+        time.sleep(0.001)
+    gate = _gates.get(ident)
+    if gate is None:
+        _set_async(ident, exc_type)
+        return
+    with gate.lock:
+        if gate.open and not gate.stopped:
+            gate.stopped = True
+            _set_async(ident, exc_type)
+
+
+def _shut(gate: _Gate) -> None:
+    with gate.lock:
+        gate.open = False
+        if gate.stopped:
+            _set_async(gate.ident, None)
+
+
+def shield() -> None:
+    """From here on this thread gets no stop request (its body is over).
+
+    Call it as the first thing of the thread's clean-up, twice if need be::
+
+        try:
+            identity.shield()
+        except BaseException:  # the one stop this thread could get, just landed
+            identity.shield()  # no other can come: this cannot be interrupted
+
+    A stop lands at the next bytecode that checks for one, which may be the
+    entry of ``shield`` itself, outside any ``try`` inside it; hence the
+    pattern at the call site (``leave`` spells it).
+    """
+    gate = me.gate
+    if gate is not None:
+        _shut(gate)
+
+
+def leave(cleanup: Any) -> None:
+    """Shield this thread, run ``cleanup()``, then unbind it: the end of a
+    bound thread, safe against a stop request landing anywhere in it."""
+    try:
+        shield()
+    except BaseException:
+        gate = me.gate
+        if gate is None or not gate.stopped:
+            raise
+        shield()
+    try:
+        cleanup()
+    finally:
+        unbind()

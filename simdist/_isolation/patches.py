@@ -1,0 +1,104 @@
+"""Every process-wide patch simdist makes, in one ordered, refcounted registry.
+
+While runs are in progress simdist changes things a process has once:
+
+1. ``import hook``: a ``sys.meta_path`` finder recording Megatron's fresh
+   globals when a rank imports it first (``rank_local_defaults``); only for
+   runs whose process has not imported Megatron yet.
+2. ``c10d routing``: ``distributed_c10d._world`` routed per rank thread and
+   c10d's group registry scoped per rank (``c10d_state``); it stays until the
+   last rank thread has left, even after the last run returned.
+3. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
+   ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
+   that make threads a rank starts the rank's (``helpers``).
+
+``ORDER`` is the one list (each module registers its patch under its name,
+so this module imports none of them): each patch is installed by the first run that
+needs it, in this order, and removed by the last, in the reverse order; a run
+holds a ``Lease`` on the patches it needs. A lease whose set-up fails removes
+what it had installed before raising, and releasing a lease twice does
+nothing, so a run that fails anywhere leaves the process as it was.
+
+(The process hold of ``hold`` is not a patch: it is a record, never a lock
+held across calls, so there is nothing to install or leave behind.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+
+class Patch:
+    """One process-wide change: how to make it and undo it, and how many use it."""
+
+    __slots__ = ("install", "name", "uninstall", "users")
+
+    def __init__(self, name: str, install: Callable[[], None], uninstall: Callable[[], None]) -> None:
+        self.name = name
+        self.install = install
+        self.uninstall = uninstall
+        self.users = 0
+
+
+# Installed in this order, removed in the reverse one.
+ORDER = ("import hook", "c10d routing", "helper threads")
+RUN_PATCHES = ("c10d routing", "helper threads")  # what every run needs
+_BY_NAME: dict[str, Patch] = {}
+
+
+def register(name: str, install: Callable[[], None], uninstall: Callable[[], None]) -> None:
+    """Called once by the module that owns the patch (at its import)."""
+    if name not in ORDER:
+        raise ValueError(f"simdist patch {name!r} is not in patches.ORDER {ORDER}")
+    _BY_NAME[name] = Patch(name, install, uninstall)
+
+
+_lock = threading.RLock()  # (a patch's own install may take a lease: re-entrant)
+
+
+class Lease:
+    """A run's hold on some patches; ``release`` gives them back once."""
+
+    def __init__(self, patches: list[Patch]) -> None:
+        self._patches = patches
+
+    def release(self) -> None:
+        with _lock:
+            patches, self._patches = self._patches, []
+            error: BaseException | None = None
+            for patch in reversed(patches):
+                patch.users -= 1
+                if patch.users == 0:
+                    try:
+                        patch.uninstall()
+                    except Exception as exc:  # remove the others all the same
+                        error = error or exc
+            if error is not None:
+                raise error
+
+
+def lease(names: Sequence[str] = RUN_PATCHES) -> Lease:
+    """Install (or count another user of) the named patches, in ``PATCHES`` order."""
+    unknown = [n for n in names if n not in _BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown simdist patch(es) {unknown}; registered: {list(_BY_NAME)}")
+    wanted = [_BY_NAME[n] for n in ORDER if n in names]
+    taken: list[Patch] = []
+    with _lock:
+        try:
+            for patch in wanted:
+                if patch.users == 0:
+                    patch.install()
+                patch.users += 1
+                taken.append(patch)
+        except BaseException:
+            Lease(taken).release()
+            raise
+    return Lease(taken)
+
+
+def installed() -> list[str]:
+    """The patches in place now (for tests and diagnostics)."""
+    with _lock:
+        return [n for n in ORDER if n in _BY_NAME and _BY_NAME[n].users]
