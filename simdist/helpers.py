@@ -26,8 +26,10 @@ import threading
 from typing import Any
 
 from . import backend, c10d_state
+from ._core.records import ThreadExit
+from ._core.scheduler import Scheduler
+from ._core.slots import HelperSlot
 from .errors import SimulationError
-from .rendezvous import HelperSlot, Scheduler, ThreadExit
 
 _lock = threading.Lock()
 _installs = 0

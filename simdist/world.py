@@ -23,6 +23,9 @@ import torch
 import torch.distributed as dist
 
 from . import c10d_state, comm_stats, helpers, stacks
+from ._core.records import Call, GroupInfo, P2POp, PendingCollective, Waitable
+from ._core.scheduler import Scheduler
+from ._core.spawn import TreeStart
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -38,8 +41,6 @@ from .overlap import check_members_disjoint
 from .policy import make_policy
 from .rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
-from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
-from .spawn import TreeStart
 from .store import RankStore
 from .trace import DEFAULT_RECORDS, Recorder, tensors_of
 
