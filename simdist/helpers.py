@@ -62,6 +62,9 @@ def _start(self: threading.Thread) -> None:
     body = self.run
 
     def run_as_rank() -> None:
+        # Its own daemon flag back before its body runs: threads it starts
+        # inherit it, and the starter may not have restored it yet.
+        self._daemonic = daemon  # type: ignore[attr-defined]
         backend.bind_current(world, rank)
         c10d_state.enter_thread(state)
         scheduler.bind_helper(helper)
@@ -81,13 +84,13 @@ def _start(self: threading.Thread) -> None:
                 except SimulationError:
                     continue
 
-    self.run = run_as_rank  # type: ignore[method-assign]
     # The interpreter must never wait for a helper at exit: simdist waits for
     # the rank's non-daemon helpers at the rank's end, and a helper it could
     # not stop (blocked in C) would otherwise hang the test process's exit.
     # The flag is read when the thread starts; the thread's own ``daemon``
     # (what its children inherit, what the rank's end honours) is put back.
     daemon = self._daemonic  # type: ignore[attr-defined]
+    self.run = run_as_rank  # type: ignore[method-assign]
     self._daemonic = True  # type: ignore[attr-defined]
     try:
         _originals["start"](self)

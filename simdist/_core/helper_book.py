@@ -110,7 +110,7 @@ class HelperBook:
     def item_finished(self, helper: HelperSlot | None) -> None:
         """The work item a pool worker ran is done (its Future is set)."""
         with self._lock:
-            if helper is not None and helper.executor is not None:
+            if helper is not None and helper.executor is not None and not _pool_closed(helper):
                 helper.idle = True
                 self._blocked_locked()
 
@@ -119,3 +119,12 @@ class HelperBook:
         if self._aborts.error is None:
             self._detector.settle_locked(None)
             self._turns.helper_blocked_locked()
+
+
+def _pool_closed(helper: HelperSlot) -> bool:
+    """Whether the worker's pool is shut down (or gone): then a worker done
+    with an item is not idle but on its way to the next queued item or out,
+    so its rank is not blocked on it. (Counting it idle made a rank that left
+    queued work look deadlocked on its own helpers at its end.)"""
+    executor = helper.executor()
+    return executor is None or bool(getattr(executor, "_shutdown", False))
