@@ -151,36 +151,41 @@ def _submit(
         future._simdist_foreign = True  # type: ignore[attr-defined]
         return future
     started: list[Any] = []
+    pool = id(self)
 
     def item(*a: Any, **k: Any) -> Any:
-        started.append(scheduler.item_started(rank))  # the worker's slot
-        return fn(*a, **k)
+        started.append(scheduler.item_started(rank, pool))  # the worker's slot
+        try:
+            return fn(*a, **k)
+        finally:
+            scheduler.item_returned(started[0])
 
     def done(f: concurrent.futures.Future) -> None:
         # Runs on the worker once the result is set (a waiter on the future
         # no longer needs the rank), or on whoever cancelled it.
         if not started:
-            scheduler.item_started(rank, dropped=True)
+            scheduler.item_started(rank, pool, dropped=True)
         else:
             scheduler.item_finished(started[0])
 
-    scheduler.item_queued(rank)
+    scheduler.item_queued(rank, pool)
     try:
         future = _originals["submit"](self, item, *args, **kwargs)
     except BaseException:
-        scheduler.item_started(rank, dropped=True)
+        scheduler.item_started(rank, pool, dropped=True)
         raise
     future.add_done_callback(done)
     return future
 
 
-def shut_down_pools(scheduler: Scheduler, rank: int) -> None:
+def shut_down_pools(scheduler: Scheduler, rank: int, failed: bool = False) -> None:
     """As a process's exit does: executors whose workers belong to ``rank``
-    stop taking work, and their idle workers leave."""
+    stop taking work, and their idle workers leave. A rank that ``failed``
+    is a process that died: its queued work items are cancelled."""
     for helper in scheduler.live_helpers(rank):
         executor = helper.executor() if helper.executor is not None else None
         if executor is not None:
-            executor.shutdown(wait=False)
+            executor.shutdown(wait=False, cancel_futures=failed)
         if helper.executor is not None:
             scheduler.helper_woken(helper)
 

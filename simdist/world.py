@@ -511,7 +511,7 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
     cannot be stopped is reported by name and stack: as the rank's failure,
     or as a note on the failure it already has."""
     scheduler = world.scheduler
-    helpers.shut_down_pools(scheduler, rank)
+    helpers.shut_down_pools(scheduler, rank, failed=failure is not None)
     if failure is None:
         waitable = scheduler.helpers_waitable(rank)
         if waitable is not None:
@@ -521,9 +521,7 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
     for helper in left:
         # An idle pool worker leaves by itself now that its pool is shut down.
         if helper.thread_id is not None and not helper.idle:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(helper.thread_id), ctypes.py_object(SimulationError)
-            )
+            scheduler.stop_helper(helper, SimulationError(), _raise_simulation_error)
     # Never past the run's watchdog: it would interrupt this clean-up and
     # report a timeout instead of what the rank did.
     grace = min(time.monotonic() + _GRACE_S, world.deadline - _GRACE_MARGIN_S)
@@ -549,6 +547,10 @@ def _end_helpers(world: World, rank: int, failure: BaseException | None = None) 
     if failed and failure is None:
         name, exc = failed[0]
         raise exc
+
+
+def _raise_simulation_error(thread_id: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(SimulationError))
 
 
 def _rank_inputs(

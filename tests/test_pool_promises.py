@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 import torch
@@ -144,3 +143,83 @@ def test_work_queued_by_a_helper_thread_runs_at_the_ranks_end(schedule: str) -> 
         helper_thread_submits, world_size=1, schedule=schedule, timeout=TIMEOUT, args=(ran,), share_args=True
     ) == [0]
     assert ran == [0, 1, 2]
+
+
+def faulted_pool_body(ctx: simdist.RankContext) -> list[float]:
+    # One worker: each rank's three all_reduces run in order, so the seeded
+    # fault hits the same call on every run.
+    with ThreadPoolExecutor(1) as pool:
+
+        def item(i: int) -> float:
+            t = torch.ones(1) * ctx.rank
+            dist.all_reduce(t)
+            return t.item()
+
+        futures = [pool.submit(item, i) for i in range(3)]
+        return [f.result() for f in futures]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_fault_in_a_pool_workers_collective_gives_one_outcome(
+    schedule: str, capfd: pytest.CaptureFixture
+) -> None:
+    plan = simdist.FaultPlan.crash(rank=1, op="all_reduce", nth=3)
+    for _ in range(6):
+        with pytest.raises(simdist.RankError) as info:
+            simdist.run(faulted_pool_body, world_size=4, faults=plan, schedule=schedule, timeout=TIMEOUT)
+        # Rank 1's worker crashes at its last call; every other rank waits
+        # on rank 1 in that call and is released by its failure.
+        assert list(info.value.failures) == [1]
+        assert isinstance(info.value.failures[1], simdist.InjectedFault)
+        assert info.value.released == (0, 2, 3)
+    err = capfd.readouterr().err
+    assert "exception calling callback" not in err
+    assert "Exception in worker" not in err
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_fault_that_strands_a_pool_workers_next_call_is_always_a_deadlock(
+    schedule: str, capfd: pytest.CaptureFixture
+) -> None:
+    # Rank 1 crashes at its second call; its third runs on and waits for the
+    # others' third, while they wait for rank 1 in their second: on a real
+    # cluster a hang. Every run: a DeadlockError that takes down every rank.
+    plan = simdist.FaultPlan.crash(rank=1, op="all_reduce", nth=2)
+    for _ in range(4):
+        with pytest.raises(simdist.DeadlockError) as info:
+            simdist.run(faulted_pool_body, world_size=4, faults=plan, schedule=schedule, timeout=TIMEOUT)
+        assert sorted(info.value.failures) == [0, 1, 2, 3]  # type: ignore[attr-defined]
+    assert "exception calling callback" not in capfd.readouterr().err
+
+
+def failing_rank_with_queued_work(ctx: simdist.RankContext, ran: list[int]) -> int:
+    pool = ThreadPoolExecutor(1)
+    started = threading.Event()
+
+    def first() -> None:
+        started.set()
+        time.sleep(0.05)
+
+    pool.submit(first)
+    for i in range(3):
+        pool.submit(ran.append, i)
+    started.wait(10)
+    raise ValueError("the body fails while work is queued")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_failed_ranks_queued_work_is_cancelled_as_a_dead_process_s(
+    schedule: str, capfd: pytest.CaptureFixture
+) -> None:
+    ran: list[int] = []
+    with pytest.raises(simdist.RankError, match="the body fails while work is queued"):
+        simdist.run(
+            failing_rank_with_queued_work,
+            world_size=1,
+            schedule=schedule,
+            timeout=TIMEOUT,
+            args=(ran,),
+            share_args=True,
+        )
+    assert ran == []
+    assert "Exception in worker" not in capfd.readouterr().err

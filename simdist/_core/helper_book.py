@@ -10,6 +10,7 @@ unblocked. Whenever a helper stops running, the deadlock check runs again.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .deadlock import Detector
@@ -33,7 +34,8 @@ class HelperBook:
         """A thread of ``rank`` starts a helper (called before it starts, so
         the rank never looks blocked in between); ``executor`` for a pool
         worker, idle until it starts a work item."""
-        helper = HelperSlot(name, daemon, idle=executor is not None, executor=executor)
+        pool = None if executor is None else id(executor())
+        helper = HelperSlot(name, daemon, idle=executor is not None, executor=executor, pool=pool)
         with self._lock:
             self._slots.ranks[rank].helpers.append(helper)
         return helper
@@ -89,23 +91,53 @@ class HelperBook:
         with self._lock:
             return list(self._slots.ranks[rank].helpers)
 
-    def item_queued(self, rank: int) -> None:
-        """A thread of ``rank`` submitted a pool work item: the rank is not
-        blocked while it waits to start."""
+    def item_queued(self, rank: int, pool: int) -> None:
+        """A thread of ``rank`` submitted a work item to its pool ``pool`` (an
+        id): the rank is not blocked while a worker of that pool can start it."""
         with self._lock:
-            self._slots.ranks[rank].queued_items += 1
+            slot = self._slots.ranks[rank]
+            slot.queued_items += 1
+            slot.queued_by_pool[pool] = slot.queued_by_pool.get(pool, 0) + 1
 
-    def item_started(self, rank: int, dropped: bool = False) -> HelperSlot | None:
+    def item_started(self, rank: int, pool: int, dropped: bool = False) -> HelperSlot | None:
         """A work item of ``rank`` starts (on the calling pool worker: its
         slot is returned), or was ``dropped`` (cancelled) before it could."""
         with self._lock:
-            self._slots.ranks[rank].queued_items -= 1
+            slot = self._slots.ranks[rank]
+            slot.queued_items -= 1
+            left = slot.queued_by_pool[pool] - 1
+            if left:
+                slot.queued_by_pool[pool] = left
+            else:
+                del slot.queued_by_pool[pool]
             helper = None if dropped else self._slots.helper_of(rank)
             if helper is not None:
                 helper.idle = False
+                helper.in_item = True
             elif dropped:
                 self._blocked_locked()
             return helper
+
+    def item_returned(self, helper: HelperSlot | None) -> None:
+        """The work item's function returned or raised (its Future is not set yet)."""
+        if helper is not None:
+            with self._lock:
+                helper.in_item = False
+
+    def stop(self, helper: HelperSlot, error: BaseException, raise_async: Callable[[int], None]) -> None:
+        """Stop a helper of a rank that has ended (``raise_async(thread id)``
+        raises ``error``'s type in a thread running Python). A helper waiting
+        in simdist is told at its wait instead, and a pool worker outside its
+        work item's function is left to leave by itself (its pool is shut
+        down): an exception raised at a random point there would land in
+        concurrent.futures' own code (its callbacks, its worker loop) and be
+        logged instead of raised. Under the lock, so the helper's state cannot
+        change between the look and the raise."""
+        with self._lock:
+            if helper.waiting_on is not None:
+                self._slots.interrupt_helper_locked(helper, error)
+            elif helper.thread_id is not None and (helper.executor is None or helper.in_item):
+                raise_async(helper.thread_id)
 
     def item_finished(self, helper: HelperSlot | None) -> None:
         """The work item a pool worker ran is done (its Future is set)."""

@@ -145,14 +145,20 @@ class Scheduler:
     def live_helpers(self, rank: int) -> list[HelperSlot]:
         return self.helpers.live(rank)
 
-    def item_queued(self, rank: int) -> None:
-        self.helpers.item_queued(rank)
+    def item_queued(self, rank: int, pool: int) -> None:
+        self.helpers.item_queued(rank, pool)
 
-    def item_started(self, rank: int, dropped: bool = False) -> HelperSlot | None:
-        return self.helpers.item_started(rank, dropped)
+    def item_started(self, rank: int, pool: int, dropped: bool = False) -> HelperSlot | None:
+        return self.helpers.item_started(rank, pool, dropped)
+
+    def item_returned(self, helper: HelperSlot | None) -> None:
+        self.helpers.item_returned(helper)
 
     def item_finished(self, helper: HelperSlot | None) -> None:
         self.helpers.item_finished(helper)
+
+    def stop_helper(self, helper: HelperSlot, error: BaseException, raise_async: Callable[[int], None]) -> None:
+        self.helpers.stop(helper, error, raise_async)
 
     # -- rank lifecycle ---------------------------------------------------------
 

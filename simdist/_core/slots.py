@@ -55,6 +55,8 @@ class HelperSlot:
     # queue: blocked, though not in simdist. Its executor (a weak reference).
     idle: bool = False
     executor: Any = None
+    pool: int | None = None  # id() of that executor, the key of its queued items
+    in_item: bool = False  # a pool worker inside a work item's own function
 
 
 @dataclass
@@ -74,6 +76,7 @@ class RankSlot:
     helpers: list[HelperSlot] = field(default_factory=list)  # live HelperSlots
     helpers_done: list[ThreadExit] = field(default_factory=list)  # waits for non-daemon helpers
     queued_items: int = 0  # pool work items submitted by the rank, not yet started
+    queued_by_pool: dict[int, int] = field(default_factory=dict)  # the same, per pool
 
 
 class Slots:
@@ -150,12 +153,25 @@ class Slots:
     # -- questions ------------------------------------------------------------
 
     def progressing(self, rank: int) -> bool:
-        """Whether some thread of ``rank`` runs (its main thread, or a helper)."""
+        """Whether some thread of ``rank`` runs (its main thread, or a helper),
+        or a work item it queued can start (its pool has a worker not waiting
+        in simdist, or is about to start one)."""
         slot = self.ranks[rank]
-        return slot.state is RankState.RUNNING or (
-            slot.state is RankState.WAITING
-            and (slot.queued_items > 0 or any(h.waiting_on is None and not h.idle for h in slot.helpers))
-        )
+        if slot.state is RankState.RUNNING:
+            return True
+        if slot.state is not RankState.WAITING:
+            return False
+        helpers = slot.helpers
+        if any(h.waiting_on is None and not h.idle for h in helpers):
+            return True
+        if slot.queued_items:
+            for pool, queued in slot.queued_by_pool.items():
+                if queued > 0:
+                    workers = [h for h in helpers if h.pool == pool]
+                    # Every worker waiting in simdist: the item waits for one of those waits.
+                    if not workers or any(h.waiting_on is None for h in workers):
+                        return True
+        return False
 
     def thread_waits(self, rank: int) -> list[list[int]]:
         """What each waiting thread of ``rank`` needs, its main thread first."""
