@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FrameType
 
 from .. import stacks
 from .matching import P2PTable
@@ -20,26 +21,17 @@ def world_report_locked(
     lines = [headline]
     for rank, slot in enumerate(slots.ranks):
         where = describe_rank(rank)
-        if slot.state is RankState.WAITING and slot.waiting_on is not None:
-            w = slot.waiting_on
-            needed = list(w.needed_ranks())
-            lines.append(
-                f"  rank {rank} ({where}): waiting in {w.describe()}"
-                + (f"; still missing rank(s) {needed}" if needed else "")
-            )
+        wait = wait_text(slots, rank)
+        if wait is not None:
+            lines.append(f"  rank {rank} ({where}): {wait}")
             frame = frames.get(slot.thread_id) if slot.thread_id is not None else None
             lines.extend("      " + s for s in stacks.user_stack(frame))
+        elif slot.state is RankState.RUNNING and slot.yielded:
+            # Woken inside its call, not yet given the run token back.
+            lines.append(f"  rank {rank} ({where}): ready to run, waiting for the run token")
         else:
             lines.append(f"  rank {rank} ({where}): {slot.state.value}")
-        for helper in slot.helpers:
-            hw = helper.waiting_on
-            lines.append(
-                f"    helper thread {helper.name!r}: "
-                + ("running" if hw is None else f"waiting in {hw.describe()}")
-            )
-            if hw is not None:
-                frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
-                lines.extend("        " + s for s in stacks.user_stack(frame))
+        lines.extend(helper_lines_locked(slots, rank, frames))
     unmatched = p2p.unmatched()
     if unmatched:
         lines.append("  unmatched point-to-point operations:")
@@ -48,3 +40,34 @@ def world_report_locked(
             for op in unmatched
         )
     return "\n".join(lines)
+
+
+def wait_text(slots: Slots, rank: int) -> str | None:
+    """ "waiting in <call>; still missing rank(s) [...]" for a rank whose main
+    thread waits in simdist, else None."""
+    slot = slots.ranks[rank]
+    if slot.state is not RankState.WAITING or slot.waiting_on is None:
+        return None
+    w = slot.waiting_on
+    needed = list(w.needed_ranks())
+    return f"waiting in {w.describe()}" + (f"; still missing rank(s) {needed}" if needed else "")
+
+
+def helper_lines_locked(slots: Slots, rank: int, frames: dict[int, FrameType]) -> list[str]:
+    """Each live helper thread of ``rank``: its state, and its user stack
+    (where it is blocked, when that is outside simdist)."""
+    lines = []
+    for helper in slots.ranks[rank].helpers:
+        hw = helper.waiting_on
+        state = (
+            "waiting in " + hw.describe()
+            if hw is not None
+            else "idle pool worker"
+            if helper.idle
+            else "running"
+        )
+        lines.append(f"    helper thread {helper.name!r}: {state}")
+        if not helper.idle:
+            frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
+            lines.extend("        " + s for s in stacks.user_stack(frame))
+    return lines

@@ -31,6 +31,7 @@ from .records import (
     consequence_origin,
     copy_error,
 )
+from .report import helper_lines_locked, wait_text
 from .slots import HelperSlot, Slots
 from .state import Aborts, Findings
 from .turns import Baton, RunToken, Turns
@@ -117,6 +118,15 @@ class Scheduler:
     def any_group_aborted(self) -> bool:
         return bool(self._aborts.groups)
 
+    def watchdog_view(self, frames: dict[int, Any]) -> tuple[dict[int, str], dict[int, list[str]]]:
+        """For the watchdog's report, taken with ``frames`` (the threads'
+        stacks at the deadline): what each rank waiting in simdist waits in,
+        and the lines naming each rank's live helper threads."""
+        with self._lock:
+            waits = {r: w for r in range(self.world_size) if (w := wait_text(self._slots, r)) is not None}
+            helpers = {r: helper_lines_locked(self._slots, r, frames) for r in range(self.world_size)}
+        return waits, helpers
+
     def queued_ranks(self) -> set[int]:
         """Scheduled: the runnable ranks that do not hold the run token."""
         with self._lock:
@@ -157,7 +167,9 @@ class Scheduler:
     def item_finished(self, helper: HelperSlot | None) -> None:
         self.helpers.item_finished(helper)
 
-    def stop_helper(self, helper: HelperSlot, error: BaseException, raise_async: Callable[[int], None]) -> None:
+    def stop_helper(
+        self, helper: HelperSlot, error: BaseException, raise_async: Callable[[int], None]
+    ) -> None:
         self.helpers.stop(helper, error, raise_async)
 
     # -- rank lifecycle ---------------------------------------------------------
