@@ -67,7 +67,7 @@ class Detector:
         if self._aborts.error is not None:
             return False
         found = self._candidates_locked(trigger, defer, left)
-        if found is None or found is True:
+        if found is None or isinstance(found, bool):
             return bool(found)
         waits, lone = found
         stuck = cannot_complete_threads(waits, self._slots.progressing)

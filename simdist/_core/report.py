@@ -26,9 +26,6 @@ def world_report_locked(
             lines.append(f"  rank {rank} ({where}): {wait}")
             frame = frames.get(slot.thread_id) if slot.thread_id is not None else None
             lines.extend("      " + s for s in stacks.user_stack(frame))
-        elif slot.state is RankState.RUNNING and slot.yielded:
-            # Woken inside its call, not yet given the run token back.
-            lines.append(f"  rank {rank} ({where}): ready to run, waiting for the run token")
         else:
             lines.append(f"  rank {rank} ({where}): {slot.state.value}")
         lines.extend(helper_lines_locked(slots, rank, frames))
