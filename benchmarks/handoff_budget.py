@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist.rendezvous import Scheduler
+from simdist._core.scheduler import Scheduler
 
 
 def ping_pong_handoff(rounds: int = 5000) -> float:

@@ -17,10 +17,11 @@ import torch.distributed as dist
 from . import collectives as C
 from . import stacks
 from ._core import identity
+from ._core.records import Call, GroupInfo, P2POp, Waitable
+from ._core.scheduler import Scheduler
 from ._isolation.c10d_state import scoped_name
 from .errors import CollectiveMismatchError, SimulationError, UnsupportedOperationError
 from .reduction import check_reduce_op
-from .rendezvous import Call, GroupInfo, P2POp, Scheduler, Waitable
 
 BACKEND_NAME = "simdist"
 

@@ -10,6 +10,7 @@ that produce it, and each replays bitwise.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,24 +70,65 @@ class _Records(RunObserver):
         self.calls = [(r, tuple(per_rank[r])) for r in sorted(per_rank)]
 
 
+class RunError(str):
+    """A run that raised, as an outcome: shown as ``"Type: first line"``,
+    compared by the error's type and the set of ranks that raised. The first
+    line of a deadlock names whichever doomed rank was seen first, which may
+    differ between schedules of the same deterministic deadlock."""
+
+    type_name: str
+    ranks: tuple[int, ...]
+
+    def __new__(cls, exc: BaseException) -> RunError:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        self = super().__new__(cls, f"{type(exc).__name__}: {first}")
+        self.type_name = type(exc).__name__
+        ranks = set(getattr(exc, "failures", None) or ()) | set(getattr(exc, "released", None) or ())
+        self.ranks = tuple(sorted(ranks))
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RunError):
+            return (self.type_name, self.ranks) == (other.type_name, other.ranks)
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__
+
+
 def _outcome(body: Callable[..., Any], run_kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
     records = _Records()
     with observe(records):
         try:
             results: Any = run(body, **run_kwargs)
         except Exception as exc:  # a failing program is an outcome too
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            results = f"{type(exc).__name__}: {first}"
+            results = RunError(exc)
     return results, records.calls
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (a NaN equals a NaN with the same bits; -0.0 is not 0.0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.layout != torch.strided or a.is_quantized or b.layout != torch.strided or b.is_quantized:
+        return bool(torch.equal(a, b))
+    x, y = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    if x.numel() == 0:
+        return True
+    return bool(torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
 
 
 def _first_difference(a: Any, b: Any, where: str = "results") -> str | None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{where}: {type(a).__name__} vs {type(b).__name__}"
-        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+        if not _same_bits(a, b):
             return f"{where}: tensors differ ({a.flatten()[:4].tolist()}... vs {b.flatten()[:4].tolist()}...)"
         return None
+    if isinstance(a, float) and isinstance(b, float):
+        return None if struct.pack("<d", a) == struct.pack("<d", b) else f"{where}: {a!r} vs {b!r}"
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and type(a) is type(b):
         if len(a) != len(b):
             return f"{where}: {len(a)} vs {len(b)} items"
@@ -119,8 +161,9 @@ def explore(
 
     ``run_seed`` is ``simdist.run``'s own ``seed`` (reduction model, ctx.seed),
     the same in every run; ``run_kwargs`` go to ``simdist.run`` too (layout,
-    world_size, args, ...). A run that raises is compared by its error's type
-    and first line.
+    world_size, args, ...). Tensors (and floats) are compared bitwise, so a
+    NaN equals a NaN with the same bits; a run that raises is compared by its
+    error's type and the set of ranks that raised (shown as its first line).
     """
     if not is_int(schedules, 1):
         raise ValueError(f"schedules must be a positive int, got {schedules!r}")

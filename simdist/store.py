@@ -18,7 +18,8 @@ from typing import Any
 import torch.distributed as dist
 
 from ._core import identity
-from .rendezvous import Scheduler, Waitable
+from ._core.records import Waitable
+from ._core.scheduler import Scheduler
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -26,7 +26,9 @@ import threading
 from typing import Any
 
 from .._core import identity
-from ..rendezvous import HelperSlot, Scheduler, ThreadExit
+from .._core.records import ThreadExit
+from .._core.scheduler import Scheduler
+from .._core.slots import HelperSlot
 from . import c10d_state, patches
 
 _originals: dict[str, Any] = {}
@@ -58,6 +60,9 @@ def _start(self: threading.Thread) -> None:
     body = self.run
 
     def run_as_rank() -> None:
+        # Its own daemon flag back before its body runs: threads it starts
+        # inherit it, and the starter may not have restored it yet.
+        self._daemonic = daemon  # type: ignore[attr-defined]
         identity.bind(world, rank, state, helper)
         scheduler.bind_helper(helper)
         try:
@@ -69,13 +74,13 @@ def _start(self: threading.Thread) -> None:
             # clean-up once the gate is shut (see ``_core.identity``).
             identity.leave(lambda: scheduler.remove_helper(rank, helper))
 
-    self.run = run_as_rank  # type: ignore[method-assign]
     # The interpreter must never wait for a helper at exit: simdist waits for
     # the rank's non-daemon helpers at the rank's end, and a helper it could
     # not stop (blocked in C) would otherwise hang the test process's exit.
     # The flag is read when the thread starts; the thread's own ``daemon``
     # (what its children inherit, what the rank's end honours) is put back.
     daemon = self._daemonic  # type: ignore[attr-defined]
+    self.run = run_as_rank  # type: ignore[method-assign]
     self._daemonic = True  # type: ignore[attr-defined]
     try:
         _originals["start"](self)
@@ -136,36 +141,41 @@ def _submit(
         future._simdist_foreign = True  # type: ignore[attr-defined]
         return future
     started: list[Any] = []
+    pool = id(self)
 
     def item(*a: Any, **k: Any) -> Any:
-        started.append(scheduler.item_started(rank))  # the worker's slot
-        return fn(*a, **k)
+        started.append(scheduler.item_started(rank, pool))  # the worker's slot
+        try:
+            return fn(*a, **k)
+        finally:
+            scheduler.item_returned(started[0])
 
     def done(f: concurrent.futures.Future) -> None:
         # Runs on the worker once the result is set (a waiter on the future
         # no longer needs the rank), or on whoever cancelled it.
         if not started:
-            scheduler.item_started(rank, dropped=True)
+            scheduler.item_started(rank, pool, dropped=True)
         else:
             scheduler.item_finished(started[0])
 
-    scheduler.item_queued(rank)
+    scheduler.item_queued(rank, pool)
     try:
         future = _originals["submit"](self, item, *args, **kwargs)
     except BaseException:
-        scheduler.item_started(rank, dropped=True)
+        scheduler.item_started(rank, pool, dropped=True)
         raise
     future.add_done_callback(done)
     return future
 
 
-def shut_down_pools(scheduler: Scheduler, rank: int) -> None:
+def shut_down_pools(scheduler: Scheduler, rank: int, failed: bool = False) -> None:
     """As a process's exit does: executors whose workers belong to ``rank``
-    stop taking work, and their idle workers leave."""
+    stop taking work, and their idle workers leave. A rank that ``failed``
+    is a process that died: its queued work items are cancelled."""
     for helper in scheduler.live_helpers(rank):
         executor = helper.executor() if helper.executor is not None else None
         if executor is not None:
-            executor.shutdown(wait=False)
+            executor.shutdown(wait=False, cancel_futures=failed)
         if helper.executor is not None:
             scheduler.helper_woken(helper)
 

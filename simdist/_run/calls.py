@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._core.records import Call, GroupInfo, P2POp, PendingCollective, Waitable
 from ..backend import WorldHooks
 from ..debug import _hooks as debug_hooks
 from ..errors import CollectiveMismatchError, SimulationError
 from ..faults import BackendError, Fault, InjectedFault, corrupt_contribution
 from ..overlap import check_members_disjoint
-from ..rendezvous import Call, GroupInfo, P2POp, PendingCollective, Waitable
 from ..trace import Recorder, tensors_of
 
 if TYPE_CHECKING:
+    from .._core.scheduler import Scheduler
     from ..faults import FaultState
-    from ..rendezvous import Scheduler
     from .options import RunOptions
 
 

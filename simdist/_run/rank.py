@@ -151,7 +151,7 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     cannot be stopped is reported by name and stack: as the rank's failure,
     or as a note on the failure it already has."""
     scheduler = world.scheduler
-    helpers.shut_down_pools(scheduler, rank)
+    helpers.shut_down_pools(scheduler, rank, failed=failure is not None)
     if failure is None:
         waitable = scheduler.helpers_waitable(rank)
         if waitable is not None:
@@ -161,7 +161,7 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     for helper in left:
         # An idle pool worker leaves by itself now that its pool is shut down.
         if helper.thread_id is not None and not helper.idle:
-            watchdog.raise_in(helper.thread_id, SimulationError)
+            scheduler.stop_helper(helper, SimulationError(), _raise_simulation_error)
     # Never past the run's watchdog: it would interrupt this clean-up and
     # report a timeout instead of what the rank did.
     grace = min(time.monotonic() + watchdog.GRACE_S, world.deadline - _GRACE_MARGIN_S)
@@ -178,6 +178,10 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     if failed and failure is None:
         _name, exc = failed[0]
         raise exc
+
+
+def _raise_simulation_error(thread_id: int) -> None:
+    watchdog.raise_in(thread_id, SimulationError)
 
 
 def _unstoppable_helpers(rank: int, left: list[Any], returned: bool) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .._core.spawn import TreeStart
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
 from ..backend import register_backend
@@ -23,7 +24,6 @@ from ..errors import SimulationError
 from ..faults import FaultPlan
 from ..layout import Layout
 from ..reduction import ReductionModel
-from ..spawn import TreeStart
 from ..trace import DEFAULT_RECORDS
 from . import watchdog
 from .observers import RunObserver, observers_for, tell_ended

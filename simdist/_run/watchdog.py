@@ -48,6 +48,9 @@ def join_all(threads: list[threading.Thread], world: World, deadline: float, tim
     # Scheduled, a rank that never got the run token back did not hang: the
     # rank holding it did (or a rank the holder waits on outside simdist).
     queued = world.scheduler.queued_ranks()
+    # What each rank waits in and its helpers, as of the deadline too: a rank
+    # inside a call is reported waiting in it, never as running.
+    waits, helper_lines = world.scheduler.watchdog_view(frames)
     # Stop the ranks first, describe them after (from the frames taken at the
     # deadline): formatting stacks while dozens of busy ranks fight for the
     # GIL took many times the timeout itself.
@@ -56,7 +59,8 @@ def join_all(threads: list[threading.Thread], world: World, deadline: float, tim
         world,
         SimulationTimeout(f"watchdog: the run was still going {timeout:g} s after run() was called"),
     )
-    running = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
+    listed = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
+    running = [t for t in listed if int(t.name.rsplit("-", 1)[1]) not in waits]
     lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
     stalled = sorted(r for r in queued if is_alive(threads[r]))
     if stalled:
@@ -64,10 +68,12 @@ def join_all(threads: list[threading.Thread], world: World, deadline: float, tim
             f"  rank(s) {stalled} were ready to run, but never got the run token back "
             f"(one rank runs at a time, until it blocks in simdist or returns)"
         )
-    for t in running:
+    for t in listed:
         rank = int(t.name.rsplit("-", 1)[1])
-        lines.append(f"  rank {rank} ({world.describe_rank(rank)}):")
+        wait = f" {waits[rank]}" if rank in waits else ""
+        lines.append(f"  rank {rank} ({world.describe_rank(rank)}):{wait}")
         lines.extend("      " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
+        lines.extend(helper_lines.get(rank, ()))
     report = "\n".join(lines)
     still = wait_for(alive)
     if still:

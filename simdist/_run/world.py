@@ -13,11 +13,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from .._core.records import GroupInfo
+from .._core.scheduler import Scheduler
 from .._isolation.rank_state import RankStates, release_process
 from ..errors import CollectiveMismatchError
 from ..faults import FaultState
 from ..policy import make_policy
-from ..rendezvous import GroupInfo, Scheduler
 from ..store import RankStore
 from ..trace import Recorder
 from .calls import CallHooks

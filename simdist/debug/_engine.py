@@ -39,14 +39,15 @@ def rank_views(world: Any) -> list[RankView]:
     # Read without the scheduler's lock: a SIGUSR1 dump runs in the main
     # thread, which may hold it when the signal arrives (a report may be racy,
     # it must not deadlock).
-    holder = sched._holder
+    slots = sched._slots.ranks
+    holder = getattr(sched._turns, "_holder", None)  # the run token's holder (scheduled mode only)
     queued = (
-        {r for r, s in enumerate(sched._slots) if s.state.value == "running" and r != holder}
+        {r for r, s in enumerate(slots) if s.state.value == "running" and r != holder}
         if sched.scheduled
         else set()
     )
     views = []
-    for rank, slot in enumerate(sched._slots):
+    for rank, slot in enumerate(slots):
         waiting = None
         if slot.waiting_on is not None and slot.state.value == "waiting":
             w = slot.waiting_on
@@ -92,7 +93,7 @@ def user_stack(frame: FrameType | None) -> list[str]:
 
 def consequence_of_peer(exc: BaseException, rank: int) -> int | None:
     """The failed rank ``exc`` passes on, or None when it is ``rank``'s own."""
-    from ..rendezvous import consequence_origin
+    from .._core.records import consequence_origin
 
     return consequence_origin(exc, rank)
 

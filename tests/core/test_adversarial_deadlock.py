@@ -292,7 +292,7 @@ def test_a_trace_that_cannot_be_written_never_hides_the_outcome(clean_world: Non
 
 
 def test_the_wait_for_graph_finds_exactly_the_closed_sets() -> None:
-    from simdist.waitfor import cannot_complete, find_cycle
+    from simdist._core.waitfor import cannot_complete, find_cycle
 
     running = {5}.__contains__  # rank 5 runs; 6 has left; every key waits
     graph = {

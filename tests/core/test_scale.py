@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist import Layout
-from simdist.spawn import FAN_OUT, StartFailed, TreeStart
+from simdist._core.spawn import FAN_OUT, StartFailed, TreeStart
 
 TIMEOUT = 600.0
 

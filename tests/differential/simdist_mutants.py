@@ -43,7 +43,7 @@ TARGETS: dict[str, str] = {
     "scatter": "simdist.backend:SimProcessGroup.scatter",
     "alltoall": "simdist.backend:SimProcessGroup.alltoall",
     "peer": "simdist.backend:SimProcessGroup._peer",
-    "join_collective": "simdist.rendezvous:Scheduler.join_collective",
+    "join_collective": "simdist._core.scheduler:Scheduler.join_collective",
 }
 
 

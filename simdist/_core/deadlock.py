@@ -1,0 +1,280 @@
+"""Which waits can never complete, and telling the threads that wait in them.
+
+Ranks wait for ranks (a collective for the members that have not joined, a
+send for its receiver), and a waiting rank can complete only if every rank it
+needs is running or can itself complete (``waitfor``). The waiting ranks
+outside that set form a closed set nothing can ever wake: those blocked
+(transitively) on a failed rank are released with ``PeerFailedError``, the
+others are deadlocked and get ``DeadlockError``; ranks still running are left
+alone. Which ranks are released therefore depends only on what each rank
+waits for, never on thread timing.
+
+A rank with helper threads is blocked only when its main thread and every
+live helper wait, and can complete as soon as any one of its threads can; a
+single thread waiting on a peer that has left is told alone. Every method is
+called with the world's lock held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import DeadlockError, PeerFailedError
+from .matching import CollectiveTable, P2PTable
+from .records import RankState, ThreadExit, Waitable, copy_error
+from .report import world_report_locked
+from .slots import HelperSlot, Slots
+from .state import Aborts, Findings
+from .turns import Turns
+from .waitfor import cannot_complete_threads, deadlock_headline, on_cycle, reachable
+
+Waits = dict[int, list[list[int]]]  # rank -> what each of its waiting threads needs
+
+
+class Detector:
+    def __init__(
+        self,
+        slots: Slots,
+        turns: Turns,
+        collectives: CollectiveTable,
+        p2p: P2PTable,
+        aborts: Aborts,
+        findings: Findings,
+        describe_rank: Callable[[int], str],
+    ) -> None:
+        self._slots = slots
+        self._turns = turns
+        self._collectives = collectives
+        self._p2p = p2p
+        self._aborts = aborts
+        self._findings = findings
+        self._describe_rank = describe_rank
+
+    def report_locked(self, headline: str) -> str:
+        return world_report_locked(headline, self._slots, self._p2p, self._describe_rank)
+
+    # -- finding the stuck ranks ------------------------------------------------
+
+    def settle_locked(self, trigger: int | None, defer: bool = False, left: int | None = None) -> bool:
+        """Find the waiting ranks that can never complete; interrupt each.
+
+        ``trigger`` is a rank that has just started waiting (only a closed set
+        containing it can be new), or None after rank ``left`` left (only ranks
+        that need it, directly or not, can be newly stuck). With ``defer``,
+        a walk of the graph is not done now: returns True when it is needed
+        (the caller runs it again shortly, if ``trigger`` still waits).
+        """
+        if self._aborts.error is not None:
+            return False
+        found = self._candidates_locked(trigger, defer, left)
+        if found is None or isinstance(found, bool):
+            return bool(found)
+        waits, lone = found
+        stuck = cannot_complete_threads(waits, self._slots.progressing)
+        if lone:
+            self._settle_threads_locked(lone, stuck)
+        if stuck:
+            # One list per rank: the ranks any of its threads needs (what reports show).
+            graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
+            self._tell_stuck_locked(graph, stuck)
+        return False
+
+    def _candidates_locked(
+        self, trigger: int | None, defer: bool, left: int | None
+    ) -> tuple[Waits, list[int]] | bool | None:
+        """The waits to check and the ranks whose single threads to check
+        (``lone``), or None when nothing can be stuck, or True when deferred."""
+        slots = self._slots
+        ranks = slots.ranks
+        if trigger is not None:
+            # The common case, kept O(group size): every rank it needs runs.
+            needed = ranks[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]
+            if all(ranks[p].state is RankState.RUNNING or slots.progressing(p) for p in needed):
+                return None
+            # A peer that has left: certain at once, no walk needed to know it.
+            if defer and not any(p in slots.gone for p in needed):
+                return True
+            return self._graph_from_locked(trigger), [trigger] if ranks[trigger].helpers else []
+        if slots.waiting_count() == 0 and not slots.helper_waits:
+            return None  # nobody waits
+        if left is not None and not slots.helper_waits:
+            # Only main threads wait: the ranks that need the one that left
+            # are found through the indexes, not by scanning every rank.
+            waits: Waits = {}
+            for r in self._closure_on_locked(left):
+                if r not in waits:
+                    waits.update(self._graph_from_locked(r))
+            return (waits, []) if waits else None
+        waits = {
+            r: slots.thread_waits(r)
+            for r, s in enumerate(ranks)
+            if s.state is RankState.WAITING and not slots.progressing(r)
+        }
+        return waits, [r for r, s in enumerate(ranks) if s.helpers and r not in waits]
+
+    def _waiters_on_locked(self, rank: int) -> list[int]:
+        """The waiting ranks whose call needs ``rank``."""
+        return self._collectives.waiters_on_locked(rank, self._slots) + self._p2p.waiters_on_locked(
+            rank, self._slots
+        )
+
+    def _closure_on_locked(self, rank: int) -> set[int]:
+        """The waiting ranks that need ``rank``, directly or through other waiting ranks."""
+        seen: set[int] = set()
+        todo = [rank]
+        while todo:
+            for w in self._waiters_on_locked(todo.pop()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
+
+    def _graph_from_locked(self, start: int) -> Waits:
+        """The blocked ranks reachable from ``start`` through needed ranks,
+        each with what every one of its threads needs."""
+        slots = self._slots
+        waits: Waits = {}
+        todo = [start]
+        while todo:
+            r = todo.pop()
+            if r in waits or slots.progressing(r):
+                continue
+            lists = slots.thread_waits(r)
+            waits[r] = lists
+            todo += [p for needed in lists for p in needed if slots.ranks[p].state is RankState.WAITING]
+        return waits
+
+    # -- telling them -----------------------------------------------------------
+
+    def _tell_stuck_locked(self, graph: dict[int, list[int]], stuck: set[int]) -> None:
+        """Deadlock the core of ``stuck``; release the rest (from a failed rank, or the core)."""
+        ranks = self._slots.ranks
+        gone = self._slots.gone
+        roots = self._failed_roots(graph, stuck)
+        why = {r: f"which failed with {ranks[roots[r]].failure}" for r in stuck if roots[r] is not None}  # type: ignore[index]
+        deadlocked = {r for r in stuck if roots[r] is None}
+        # The core of a deadlock (ranks on a cycle, or waiting on a rank that
+        # has finished) is the same whatever the timing; ranks that merely
+        # wait on the core are released by it, as they would be had they
+        # arrived after the core was reported.
+        core = sorted(
+            r for r in deadlocked if on_cycle(graph, r, deadlocked) or any(p in gone for p in graph[r])
+        )
+        for r in sorted(deadlocked - set(core)):
+            roots[r] = next(c for c in reachable(graph, r, deadlocked) if c in core)
+            why[r] = "which is deadlocked"
+        if core:
+            headline = deadlock_headline(graph, core, gone, all_wait=self._slots.running == 0)
+            error = DeadlockError(self.report_locked(headline))
+            self._findings.deadlock_found_locked(error)
+            for r in core:
+                self._findings.record_locked(r, error)
+                self._turns.interrupt_rank_locked(r, copy_error(error))
+        for r in sorted(why):
+            root = roots[r]
+            assert root is not None
+            released = PeerFailedError(
+                f"released: rank {r} ({self._describe_rank(r)}) waits in "
+                f"{ranks[r].waiting_on.describe()}, which needs rank {root} "  # type: ignore[union-attr]
+                f"({self._describe_rank(root)}), {why[r]}"
+            )
+            released.simdist_origin = root  # type: ignore[attr-defined]
+            self._turns.interrupt_rank_locked(r, released)
+
+    def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
+        """For each stuck rank, the failed rank it waits on (transitively), if any."""
+        ranks = self._slots.ranks
+        roots: dict[int, int | None] = {}
+
+        def root_of(r: int, path: set[int]) -> int | None:
+            if r in roots:
+                return roots[r]
+            path.add(r)
+            found: int | None = None
+            for p in sorted(graph[r]):
+                slot = ranks[p]
+                if slot.state is RankState.FAILED:
+                    found = slot.root_failure
+                elif p in stuck and p not in path:
+                    found = root_of(p, path)
+                if found is not None:
+                    break
+            path.discard(r)
+            roots[r] = found
+            return found
+
+        for r in sorted(stuck):
+            root_of(r, set())
+        return roots
+
+    def _settle_threads_locked(self, lone: list[int], stuck: set[int]) -> None:
+        """Ranks that still run (a helper or the main thread does) may have
+        single threads that can never complete: waiting on a peer that has
+        left or on a closed set of blocked ranks. Only those threads hear it."""
+        slots = self._slots
+        for r in lone:
+            for helper, waitable in slots.waiting_threads(r):
+                bad = sorted(p for p in waitable.needed_ranks() if p != r and (p in stuck or p in slots.gone))
+                if bad:
+                    self._interrupt_thread_locked(
+                        r, helper, self._thread_error_locked(r, helper, waitable, bad)
+                    )
+
+    def _thread_error_locked(
+        self, r: int, helper: HelperSlot | None, waitable: Waitable, bad: list[int]
+    ) -> BaseException:
+        ranks = self._slots.ranks
+        failed = [p for p in bad if ranks[p].state is RankState.FAILED]
+        who = "its main thread" if helper is None else f"its helper thread {helper.name!r}"
+        if failed:
+            root = ranks[failed[0]].root_failure
+            root = failed[0] if root is None else root
+            error: BaseException = PeerFailedError(
+                f"released: rank {r} ({self._describe_rank(r)}), {who}, waits in "
+                f"{waitable.describe()}, which needs rank {root} "
+                f"({self._describe_rank(root)}), which failed with {ranks[root].failure}"
+            )
+            error.simdist_origin = root  # type: ignore[attr-defined]
+            return error
+        deadlock = DeadlockError(
+            self.report_locked(
+                f"deadlock: rank {r}, {who}, waits in {waitable.describe()}, which needs "
+                f"rank(s) {bad}: finished, or blocked for good"
+            )
+        )
+        self._findings.deadlock_found_locked(deadlock)
+        self._findings.record_locked(r, deadlock)
+        return deadlock
+
+    def _interrupt_thread_locked(self, rank: int, helper: HelperSlot | None, error: BaseException) -> None:
+        if helper is None:
+            self._turns.interrupt_main_locked(rank, error)
+        else:
+            self._slots.interrupt_helper_locked(helper, error)
+
+    # -- scheduled liveness -----------------------------------------------------
+
+    def nothing_runnable_locked(self) -> None:
+        """Scheduled, a rank that waits while no rank can run waits forever,
+        whatever it waits for (a store key, say, which the wait-for graph
+        cannot attribute to a rank)."""
+        slots = self._slots
+        if slots.running > 0 or self._aborts.error is not None:
+            return
+        stuck = [r for r, s in enumerate(slots.ranks) if s.state is RankState.WAITING]
+        if not stuck or any(slots.progressing(r) for r in stuck):
+            return  # a helper thread still runs
+        for r in stuck:
+            w = slots.ranks[r].waiting_on
+            if isinstance(w, ThreadExit) and not w.needed_ranks():
+                return  # a Future is done, its callbacks are about to wake the waiter
+        error = DeadlockError(
+            self.report_locked(
+                "deadlock: every live rank is waiting and none can run; rank(s) "
+                f"{stuck} wait for something no rank will ever do"
+            )
+        )
+        self._findings.deadlock_found_locked(error)
+        for r in stuck:
+            self._findings.record_locked(r, error)
+            self._turns.interrupt_rank_locked(r, copy_error(error))

@@ -1,0 +1,127 @@
+"""Matching calls between ranks: collectives by (group, sequence number),
+point-to-point operations by (group, src, dst, tag) in posting order.
+
+The tables also index who waits on whom, so the deadlock check after a rank
+leaves looks only at calls that may need that rank (not at every waiting
+rank, which would make a 4096-rank run quadratic). Every method is called
+with the world's lock held.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..errors import SimulationError
+from .records import Call, GroupInfo, P2POp, PendingCollective, RankState
+from .slots import Slots
+
+Channel = tuple[str, int, int, int]  # (group name, src, dst, tag)
+
+
+class CollectiveTable:
+    def __init__(self) -> None:
+        self.pending: dict[tuple[str, int], PendingCollective] = {}
+        # The incomplete collectives of each group by sequence number, and
+        # each rank's groups (with its index in them).
+        self._open: dict[str, dict[int, PendingCollective]] = {}
+        self._groups_of: dict[int, list[tuple[GroupInfo, int]]] = {}
+
+    def join_locked(self, group: GroupInfo, seq: int, call: Call) -> tuple[PendingCollective, bool]:
+        """Add ``call``; True when it was the last member's (the caller completes it)."""
+        key = (group.name, seq)
+        pending = self.pending.get(key)
+        if pending is None:
+            pending = PendingCollective(group, seq)
+            self.pending[key] = pending
+            open_ = self._open.get(group.name)
+            if open_ is None:  # the group's first call: index its members once
+                open_ = self._open[group.name] = {}
+                for i, member in enumerate(group.ranks):
+                    self._groups_of.setdefault(member, []).append((group, i))
+            open_[seq] = pending
+        if call.group_rank in pending.calls:
+            raise SimulationError(f"internal: rank {call.rank} joined {pending.describe()} twice")
+        pending.calls[call.group_rank] = call
+        if len(pending.calls) < len(group.ranks):
+            # A peer that has already left is noticed when this rank waits.
+            return pending, False
+        pending.completing = True
+        del self.pending[key]
+        del self._open[group.name][seq]
+        return pending, True
+
+    def fail_group_locked(self, name: str, error: BaseException) -> list[PendingCollective]:
+        """Take out every pending call on communicator ``name``, failed with ``error``."""
+        failed = []
+        for key in [k for k in self.pending if k[0] == name]:
+            pending = self.pending.pop(key)
+            self._open[name].pop(key[1], None)
+            pending.error, pending.done = error, True
+            failed.append(pending)
+        return failed
+
+    def waiters_on_locked(self, rank: int, slots: Slots) -> list[int]:
+        """Waiting ranks in an open collective of ``rank``'s groups it has not joined."""
+        ranks = slots.ranks
+        out: list[int] = []
+        for group, index in self._groups_of.get(rank, ()):
+            for pending in self._open.get(group.name, {}).values():
+                if index in pending.calls or pending.completing or pending.done:
+                    continue
+                for call in pending.calls.values():
+                    s = ranks[call.rank]
+                    if s.state is RankState.WAITING and s.waiting_on is pending:
+                        out.append(call.rank)
+        return out
+
+    def leftovers(self) -> list[str]:
+        return [f"  {p.describe()}: joined by group ranks {sorted(p.calls)}" for p in self.pending.values()]
+
+
+class P2PTable:
+    def __init__(self) -> None:
+        # Unmatched sends / recvs per channel, and the channels that wait on each rank.
+        self.sends: dict[Channel, deque[P2POp]] = {}
+        self.recvs: dict[Channel, deque[P2POp]] = {}
+        self._on: dict[int, set[Channel]] = {}
+
+    def post_locked(self, op: P2POp) -> P2POp | None:
+        """Queue ``op``, or take out and return the oldest opposite one it matches."""
+        key = (op.group.name, op.src, op.dst, op.tag)
+        mine, theirs = (self.sends, self.recvs) if op.kind == "send" else (self.recvs, self.sends)
+        queue = theirs.get(key)
+        if not queue:
+            mine.setdefault(key, deque()).append(op)
+            self._on.setdefault(op.dst if op.kind == "send" else op.src, set()).add(key)
+            return None
+        return queue.popleft()
+
+    def fail_group_locked(self, name: str, error: BaseException) -> list[P2POp]:
+        failed = []
+        for table in (self.sends, self.recvs):
+            for key in [k for k in table if k[0] == name]:
+                for op in table.pop(key):
+                    op.error, op.done = error, True
+                    failed.append(op)
+        return failed
+
+    def waiters_on_locked(self, rank: int, slots: Slots) -> list[int]:
+        """Waiting ranks whose unmatched send or recv has ``rank`` as its peer."""
+        ranks = slots.ranks
+        out: list[int] = []
+        for key in self._on.get(rank, ()):
+            for table in (self.sends, self.recvs):
+                for op in table.get(key, ()):
+                    if rank in op.needed_ranks():
+                        owner = op.owner
+                        if ranks[owner].state is RankState.WAITING and ranks[owner].waiting_on is op:
+                            out.append(owner)
+        return out
+
+    def unmatched(self) -> list[P2POp]:
+        return [op for q in list(self.sends.values()) + list(self.recvs.values()) for op in q]
+
+    def leftovers(self) -> list[str]:
+        items = [f"  rank {op.src}: {op.describe()} at {op.site}" for q in self.sends.values() for op in q]
+        items += [f"  rank {op.dst}: {op.describe()} at {op.site}" for q in self.recvs.values() for op in q]
+        return items

@@ -1,0 +1,192 @@
+"""Each thread's slot, and the counters only these methods edit.
+
+A rank has its main thread's slot (``RankSlot``) and one ``HelperSlot`` per
+live helper thread. ``Slots`` keeps the world's counts in step with the
+states: how many ranks run (``running``), how many helper threads wait
+(``helper_waits``), which ranks have left (``gone``). Every state change goes
+through its methods, so the counts cannot drift; every method is called with
+the world's lock held.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import RankState, ThreadExit, Waitable
+
+
+class Parker:
+    """A binary semaphore: park() sleeps until unpark() (a permit may come first)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def park(self, timeout: float) -> None:
+        self._lock.acquire(timeout=timeout)
+
+    def unpark(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # a permit is already pending
+
+
+@dataclass(eq=False)
+class HelperSlot:
+    """A thread a rank started (a helper): its own wait, parker and interrupt.
+
+    Helpers do not take the run token: they run alongside whichever rank
+    holds it. A rank is blocked only when its main thread and every live
+    helper wait."""
+
+    name: str
+    daemon: bool
+    thread_id: int | None = None
+    waiting_on: Waitable | None = None
+    parker: Parker = field(default_factory=Parker)
+    interrupt: BaseException | None = None
+    joiners: list[ThreadExit] = field(default_factory=list)  # ThreadExit waits on this thread
+    # A ThreadPoolExecutor worker between work items blocks on the pool's
+    # queue: blocked, though not in simdist. Its executor (a weak reference).
+    idle: bool = False
+    executor: Any = None
+    pool: int | None = None  # id() of that executor, the key of its queued items
+    in_item: bool = False  # a pool worker inside a work item's own function
+
+
+@dataclass
+class RankSlot:
+    state: RankState = RankState.RUNNING
+    waiting_on: Waitable | None = None
+    thread_id: int | None = None
+    parker: Parker = field(default_factory=Parker)
+    # An error for this rank alone (a deadlock it is part of, a failed peer it
+    # waits on), raised by its current or next wait.
+    interrupt: BaseException | None = None
+    # For a rank that has left: the rank whose failure it was or passed on
+    # (itself when it failed on its own), or None when it finished.
+    root_failure: int | None = None
+    yielded: bool = False  # gave up the run token in its current wait
+    failure: str = ""  # "Type: message" of a rank that failed on its own
+    helpers: list[HelperSlot] = field(default_factory=list)  # live HelperSlots
+    helpers_done: list[ThreadExit] = field(default_factory=list)  # waits for non-daemon helpers
+    queued_items: int = 0  # pool work items submitted by the rank, not yet started
+    queued_by_pool: dict[int, int] = field(default_factory=dict)  # the same, per pool
+
+
+class Slots:
+    """Every thread slot of one world, and the counts kept in step with them."""
+
+    def __init__(self, world_size: int) -> None:
+        self.ranks = [RankSlot() for _ in range(world_size)]
+        self.world_size = world_size
+        self.running = world_size  # ranks in RUNNING
+        self.helper_waits = 0  # helper threads waiting right now
+        self.gone: set[int] = set()  # ranks that finished or failed
+
+    # -- main threads -------------------------------------------------------
+
+    def start_wait_locked(self, slot: RankSlot, waitable: Waitable) -> None:
+        """RUNNING -> WAITING on ``waitable``."""
+        slot.state = RankState.WAITING
+        slot.waiting_on = waitable
+        self.running -= 1
+
+    def resume_locked(self, slot: RankSlot) -> bool:
+        """WAITING -> RUNNING (the one place it happens); False if it was not waiting."""
+        if slot.state is not RankState.WAITING:
+            return False
+        slot.state = RankState.RUNNING
+        slot.waiting_on = None
+        self.running += 1
+        return True
+
+    def leave_locked(self, rank: int, state: RankState) -> bool:
+        """The rank's body ended (FINISHED or FAILED); False if it had already left."""
+        slot = self.ranks[rank]
+        if slot.state in (RankState.FINISHED, RankState.FAILED):
+            return False
+        if slot.state is RankState.RUNNING:
+            self.running -= 1
+        slot.state = state
+        self.gone.add(rank)
+        slot.waiting_on = None
+        slot.interrupt = None
+        return True
+
+    def waiting_count(self) -> int:
+        """Main threads waiting right now."""
+        return self.world_size - self.running - len(self.gone)
+
+    # -- helper threads -----------------------------------------------------
+
+    def helper_start_wait_locked(self, helper: HelperSlot, waitable: Waitable) -> None:
+        helper.waiting_on = waitable
+        self.helper_waits += 1
+
+    def helper_stop_wait_locked(self, helper: HelperSlot) -> bool:
+        """The helper no longer waits; False if it was not waiting."""
+        if helper.waiting_on is None:
+            return False
+        helper.waiting_on = None
+        self.helper_waits -= 1
+        return True
+
+    def interrupt_helper_locked(self, helper: HelperSlot, error: BaseException) -> None:
+        self.helper_stop_wait_locked(helper)
+        helper.interrupt = error
+        helper.parker.unpark()
+
+    def helper_of(self, rank: int) -> HelperSlot | None:
+        """The calling thread's helper slot, when it is a helper of ``rank``."""
+        me = threading.get_ident()
+        for helper in self.ranks[rank].helpers:
+            if helper.thread_id == me:
+                return helper
+        return None
+
+    # -- questions ------------------------------------------------------------
+
+    def progressing(self, rank: int) -> bool:
+        """Whether some thread of ``rank`` runs (its main thread, or a helper),
+        or a work item it queued can start (its pool has a worker not waiting
+        in simdist, or is about to start one)."""
+        slot = self.ranks[rank]
+        if slot.state is RankState.RUNNING:
+            return True
+        if slot.state is not RankState.WAITING:
+            return False
+        helpers = slot.helpers
+        if any(h.waiting_on is None and not h.idle for h in helpers):
+            return True
+        if slot.queued_items:
+            for pool, queued in slot.queued_by_pool.items():
+                if queued > 0:
+                    workers = [h for h in helpers if h.pool == pool]
+                    # Every worker waiting in simdist: the item waits for one of those waits.
+                    if not workers or any(h.waiting_on is None for h in workers):
+                        return True
+        return False
+
+    def thread_waits(self, rank: int) -> list[list[int]]:
+        """What each waiting thread of ``rank`` needs, its main thread first."""
+        slot = self.ranks[rank]
+        lists = []
+        if slot.state is RankState.WAITING and slot.waiting_on is not None:
+            lists.append(list(slot.waiting_on.needed_ranks()))
+        lists += [list(h.waiting_on.needed_ranks()) for h in slot.helpers if h.waiting_on is not None]
+        return lists
+
+    def waiting_threads(self, rank: int) -> list[tuple[HelperSlot | None, Waitable]]:
+        """Each waiting thread of ``rank`` (None: its main thread) with its wait."""
+        slot = self.ranks[rank]
+        threads: list[tuple[HelperSlot | None, Waitable]] = []
+        if slot.state is RankState.WAITING and slot.waiting_on is not None:
+            threads.append((None, slot.waiting_on))
+        threads += [(h, h.waiting_on) for h in slot.helpers if h.waiting_on is not None]
+        return threads
