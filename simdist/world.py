@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from . import c10d_state, comm_stats, helpers, stacks
+from ._backend.group import SimGroup
+from ._backend.hooks import CallHooks
 from .backend import BACKEND_NAME, bind_current, register_backend
 from .context import RankContext, build_groups
 from .errors import (
@@ -32,16 +34,15 @@ from .errors import (
     SimulationError,
     SimulationTimeout,
 )
-from .faults import BackendError, Fault, FaultPlan, FaultState, InjectedFault, corrupt_contribution
+from .faults import FaultPlan, FaultState
 from .layout import Layout
-from .overlap import check_members_disjoint
 from .policy import make_policy
 from .rank_state import RankStates, release_process, resume_process, suspend_process
 from .reduction import ReductionModel, make_model
-from .rendezvous import Call, GroupInfo, P2POp, PendingCollective, Scheduler, Waitable
+from .rendezvous import GroupInfo, PendingCollective, Scheduler, Waitable
 from .spawn import TreeStart
 from .store import RankStore
-from .trace import DEFAULT_RECORDS, Recorder, tensors_of
+from .trace import DEFAULT_RECORDS, Recorder
 
 DEFAULT_TIMEOUT_S = 300.0
 # After the watchdog interrupts stuck ranks, how long to wait for them to unwind.
@@ -51,8 +52,9 @@ _GRACE_S = 5.0
 _GRACE_MARGIN_S = 0.25
 
 
-class World:
-    """The shared state of one simulation (implements ``backend.WorldHooks``)."""
+class World(CallHooks):
+    """The shared state of one simulation (implements ``backend.WorldHooks``;
+    its per-call hooks are ``_backend.hooks.CallHooks``)."""
 
     def __init__(
         self,
@@ -66,8 +68,11 @@ class World:
         schedule: str = "rank",
         schedule_seed: int = 0,
         rank_local: Sequence[Any] = (),
+        strict_call_sites: bool = False,
     ) -> None:
         self.layout = layout
+        self.strict_call_sites = strict_call_sites
+        self.run_name = ""
         self.world_size = world_size
         self.reduction = reduction
         self.timeout = timeout
@@ -130,7 +135,7 @@ class World:
             info = self._groups.get(name)
             if info is None:
                 label = "world" if ranks == tuple(range(self.world_size)) and name == "0" else f"group {name}"
-                info = GroupInfo(name, ranks, label)
+                info = SimGroup(name, ranks, label, run=self.run_name)
                 self._groups[name] = info
             elif info.ranks != ranks:
                 error = CollectiveMismatchError(
@@ -144,90 +149,7 @@ class World:
 
     def label_group(self, name: str, label: str) -> None:
         with self._groups_lock:
-            self._groups[name].label = label
-
-    # -- per-call hooks -----------------------------------------------------
-
-    def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
-        """Record the call and apply any fault due (runs on the calling rank).
-
-        This rank's own faults act before it learns that the communicator was
-        aborted elsewhere: what it reports must not depend on which thread got
-        there first.
-        """
-        call.record = self.recorder.start(call.rank, seq, group, call.op, tensors_of(call.payload), call.site)
-        if self.faults is None and not self.scheduler.any_group_aborted:
-            return
-        try:
-            if self.faults is not None:
-                for fault in self.faults.due(call.rank, call.op, group.describe(), seq):
-                    where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
-                    self._apply(fault, where, group, call.op, call.payload, call, call.rank)
-            self._raise_if_group_aborted(group)
-        except BaseException as exc:
-            Recorder.finish(call.record, failed=True)
-            if isinstance(exc, SimulationError):  # an injected crash, a refused corruption
-                self.scheduler.record(call.rank, exc)
-            raise
-
-    def before_p2p(self, op: P2POp) -> None:
-        me = op.src if op.kind == "send" else op.dst
-        op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
-        try:
-            for fault in self.faults.due(me, op.kind, op.group.describe(), -1) if self.faults else ():
-                where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
-                # The send's tensor is already simdist's own snapshot.
-                payload = {"t": op.tensor} if op.kind == "send" else {}
-                self._apply(fault, where, op.group, op.kind, payload, None, me)
-            self._raise_if_group_aborted(op.group)
-        except BaseException as exc:
-            Recorder.finish(op.record, failed=True)
-            if isinstance(exc, SimulationError):
-                self.scheduler.record(me, exc)
-            raise
-
-    def _apply(
-        self,
-        fault: Fault,
-        where: str,
-        group: GroupInfo,
-        op: str,
-        payload: dict[str, Any],
-        call: Call | None,
-        rank: int,
-    ) -> None:
-        kind = fault.kind
-        if kind == "crash":
-            raise InjectedFault(f"injected crash at {where}")
-        if kind == "delay":
-            self.scheduler.sleep(fault.seconds)
-        elif kind == "corrupt":
-            corrupt_contribution(op, payload, fault.mode)
-        elif kind == "timeout":
-            error = BackendError(
-                f"simdist: injected watchdog timeout: {where} never completed, so every "
-                f"member of {group.describe()} fails (as NCCL's watchdog reports a timed-out collective)"
-            )
-            if call is None:
-                raise error
-            call.injected = error
-        elif kind == "abort":
-            error = BackendError(
-                f"simdist: communicator {group.describe()} was aborted at {where}; every pending "
-                f"and later call on it fails until the world is rebuilt"
-            )
-            # Members other than this rank fail because of it: a consequence.
-            error.simdist_origin = rank  # type: ignore[attr-defined]
-            self.scheduler.fail_group(group.name, error)
-            raise BackendError(*error.args)
-
-    def _raise_if_group_aborted(self, group: GroupInfo) -> None:
-        # An early, unlocked check; the scheduler re-checks under its lock.
-        error = self.scheduler.group_aborted(group.name)
-        if error is not None:
-            fresh = BackendError(*error.args)
-            fresh.__dict__.update(error.__dict__)  # keeps who aborted it
-            raise fresh
+            self._groups[name].relabel(label)
 
     def _on_done(self, waitable: Waitable) -> None:
         failed = waitable.error is not None
@@ -236,30 +158,6 @@ class World:
                 Recorder.finish(call.record, failed)
         else:
             Recorder.finish(getattr(waitable, "record", None), failed)
-
-    def verify(self, group: GroupInfo, seq: int, calls: list[Call]) -> None:
-        for call in calls:
-            if call.injected is not None:
-                raise call.injected
-        first = calls[0].fingerprint
-        for c in calls:  # a plain loop: no generator on every collective
-            if c.fingerprint != first:
-                break
-        else:
-            check_members_disjoint(calls[0].op, group, seq, calls)
-            return
-        rows = []
-        for c in calls:
-            fp = dict(c.fingerprint)
-            details = ", ".join(f"{k}={v}" for k, v in fp.items() if k != "op")
-            rows.append(
-                f"  rank {c.rank:<3} {self.describe_rank(c.rank):<24} {fp['op']:<24} "
-                f"{details:<60} at {c.site}"
-            )
-        raise CollectiveMismatchError(
-            f"collective mismatch on {group.describe()} at sequence number {seq}: "
-            f"members called different collectives\n" + "\n".join(rows)
-        )
 
 
 def _resolve_world(layout: Layout | None, world_size: int | None) -> tuple[Layout | None, int]:
@@ -377,6 +275,7 @@ def run(
         raise
     world.deadline = called_at + float(timeout)
     run_name = _name_run(fn)
+    world.run_name = run_name
     run_id = c10d_state.new_run_id()
 
     register_backend()
@@ -707,7 +606,7 @@ def _outcome(
     Every error carries ``results``: what each rank returned (None if it raised)."""
     sched = world.scheduler
     note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
-    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
+    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures)) + world.call_site_notes()
     watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
 
     def fail(error: SimulationError, cause: BaseException | None = None) -> None:

@@ -1,0 +1,103 @@
+"""Pure semantics of each collective over the members' calls (no threading).
+
+Each ``complete_*`` function receives the members' ``Call`` payloads in
+group-rank order, after fingerprints were verified, and writes every member's
+outputs. They run on the thread of the last member to arrive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..errors import CollectiveMismatchError
+from ..reduction import ReductionModel
+
+
+def reduce_into(
+    model: ReductionModel, out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, key: str
+) -> None:
+    """Reduce ``inputs`` into ``out``; ``out`` may alias ``inputs[0]`` only, so
+    any other aliasing goes through a temporary."""
+    # An input after the first aliases ``out`` when both start at one address
+    # (an empty tensor aliases nothing). A plain loop: this runs on every
+    # reduction, and a generator costs more than the test itself.
+    aliased = False
+    if len(inputs) > 1:
+        ptr = out.data_ptr()
+        for x in inputs[1:]:
+            if x.data_ptr() == ptr and out.numel() > 0:
+                aliased = True
+                break
+    if aliased:
+        tmp = torch.empty_like(out)
+        model.reduce_into(tmp, inputs, op, key)
+        out.copy_(tmp)
+    else:
+        model.reduce_into(out, inputs, op, key)
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``, where ``src`` may be ``dst`` itself (an in-place
+    collective: the input is this rank's slot of the output)."""
+    if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride() and src.shape == dst.shape:
+        return
+    dst.copy_(src)
+
+
+def flat(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous, got a tensor with strides {t.stride()}")
+    return t.view(-1)
+
+
+def even_splits(total: int, n: int, what: str) -> list[int]:
+    if total % n:
+        raise ValueError(f"{what}: dim 0 size {total} is not divisible by the group size {n}")
+    return [total // n] * n
+
+
+def check_splits(splits: Sequence[int], total: int, n: int, what: str) -> list[int]:
+    if not splits:
+        return even_splits(total, n, what)
+    splits = list(splits)
+    if len(splits) != n:
+        raise ValueError(f"{what} has {len(splits)} entries, expected the group size {n}")
+    if any(s < 0 for s in splits) or sum(splits) != total:
+        raise ValueError(f"{what} {splits} must be non-negative and sum to dim 0 size {total}")
+    return splits
+
+
+def all_to_all_single(
+    outs: Sequence[torch.Tensor],
+    ins: Sequence[torch.Tensor],
+    out_splits: Sequence[list[int]],
+    in_splits: Sequence[list[int]],
+    ranks: Sequence[int],
+) -> None:
+    n = len(outs)
+    for i in range(n):
+        for j in range(n):
+            if in_splits[i][j] != out_splits[j][i]:
+                raise CollectiveMismatchError(
+                    f"all_to_all_single: rank {ranks[i]} sends {in_splits[i][j]} rows to "
+                    f"rank {ranks[j]}, which expects {out_splits[j][i]} rows from it"
+                )
+    in_offsets = [_offsets(s) for s in in_splits]
+    out_offsets = [_offsets(s) for s in out_splits]
+    for j in range(n):
+        for i in range(n):
+            rows = in_splits[i][j]
+            if rows == 0:
+                continue
+            src = ins[i].narrow(0, in_offsets[i][j], rows)
+            outs[j].narrow(0, out_offsets[j][i], rows).copy_(src)
+
+
+def _offsets(splits: Sequence[int]) -> list[int]:
+    out, acc = [], 0
+    for s in splits:
+        out.append(acc)
+        acc += s
+    return out
