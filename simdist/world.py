@@ -205,6 +205,7 @@ def run(
     schedule_seed: int | None = None,
     rank_local: Sequence[Any] = (),
     share_args: bool = False,
+    strict_call_sites: bool = False,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
@@ -230,6 +231,8 @@ def run(
     all starting from their values at run start and put back when it ends.
     ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
     unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
+    ``strict_call_sites=True`` makes members that meet at one sequence number
+    from different call sites a ``CollectiveMismatchError``.
     """
     # The watchdog's clock starts now: building inputs and starting threads count.
     called_at = time.monotonic()
@@ -252,6 +255,8 @@ def run(
         _check_trace_path(trace)
     if not isinstance(share_args, bool):
         raise TypeError(f"share_args must be True or False, got {share_args!r}")
+    if not isinstance(strict_call_sites, bool):
+        raise TypeError(f"strict_call_sites must be True or False, got {strict_call_sites!r}")
     inputs = _rank_inputs(tuple(args), kwargs, n, share_args)
     counting = comm_stats.active()
     # A rank that starts a run of its own (nested) lets that run's ranks
@@ -269,6 +274,7 @@ def run(
             schedule=schedule,
             schedule_seed=seed if schedule_seed is None else schedule_seed,
             rank_local=rank_local,
+            strict_call_sites=strict_call_sites,
         )
     except BaseException:
         resume_process(suspended)

@@ -51,7 +51,8 @@ class OpSpec:
     corrupt fault damages the first present); ``sent_is_output``: that
     contribution is overwritten by the result anyway, so it is damaged in place.
     ``version_bumps``: how many times gloo (torch 2.13) moves autograd's version
-    counter of each tensor the call returns (its outputs), measured op by op.
+    counter of each tensor the call returns (its outputs), measured op by op
+    (``bumps_per_member``: that many per group member, one copy per slot).
     """
 
     name: str
@@ -62,6 +63,7 @@ class OpSpec:
     sent: tuple[str, ...] = ()
     sent_is_output: bool = False
     version_bumps: int = 0
+    bumps_per_member: bool = False  # version_bumps times the group size
 
 
 # -- completions ------------------------------------------------------------------
@@ -213,7 +215,8 @@ OPS: dict[str, OpSpec] = {
             _W({OUT_FLAT}),
             _W({IN}),
             sent=(IN,),
-            version_bumps=2,
+            version_bumps=1,
+            bumps_per_member=True,
         ),
         OpSpec("reduce_scatter", _reduce_scatter, _W({OUT}), _W({INS}), sent=(INS,), version_bumps=1),
         OpSpec(

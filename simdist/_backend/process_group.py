@@ -26,6 +26,7 @@ from .current import _check_caller, _current, _refused
 from .dispatch import Completion
 from .ops import OPS, OpArgs, OpSpec
 from .p2p import deliver
+from .shadow import modes_active, show
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
 from .work import SimWork, all_of
 
@@ -169,7 +170,7 @@ class SimProcessGroup(dist.ProcessGroup):
         done = Completion(spec, OpArgs(info, seq, world.reduction, red, root))
         pending = self._scheduler.join_collective(info, seq, call, done, world.verify)
         if spec.version_bumps:
-            _bump(result, spec.version_bumps)
+            _bump(result, spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1))
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
@@ -185,18 +186,24 @@ class SimProcessGroup(dist.ProcessGroup):
     # -- collectives ----------------------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "allreduce", tensors, opts)
         t = _one(tensors, "all_reduce")
         red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         fp = (("shape", _shape(t)), ("dtype", t.dtype), ("reduce_op", red))
         return self._collective(OPS["all_reduce"], fp, {T: t}, [t], red)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "allreduce_coalesced", tensors, opts)
         red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         fp = tuple((f"t{i}", (_shape(t), t.dtype)) for i, t in enumerate(tensors))
         spec = OPS["all_reduce_coalesced"]
         return self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "broadcast", tensors, opts)
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "broadcast")
@@ -204,6 +211,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective(OPS["broadcast"], fp, {T: t}, [t], root=root)
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "reduce", tensors, opts)
         t = _one(tensors, "reduce")
         red = self._reduce_op(opts, t.dtype, "reduce")
         root = opts.rootRank
@@ -214,6 +223,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def allgather(
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "allgather", output_lists, inputs, opts)
         t = _one(inputs, "all_gather")
         outs = list(_one(output_lists, "all_gather"))
         n = self.size()
@@ -224,6 +235,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective(OPS["all_gather"], (("dtype", t.dtype),), {T: t, OUTS: outs}, outs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "all_gather_single", output, input, opts)
         n = self.size()
         _same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         if output.numel() != n * input.numel():
@@ -250,6 +263,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def reduce_scatter(
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "reduce_scatter", outputs, input_lists, opts)
         out = _one(outputs, "reduce_scatter")
         ins = list(_one(input_lists, "reduce_scatter"))
         n = self.size()
@@ -267,6 +282,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective(OPS["reduce_scatter"], fp, {OUT: out, INS: ins}, [out], red)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "reduce_scatter_single", output, input, opts)
         n = self.size()
         _same_dtype("reduce_scatter_tensor", "output", output, "input", input)
         if input.numel() != n * output.numel():
@@ -295,6 +312,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def gather(
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "gather", output_lists, inputs, opts)
         t = _one(inputs, "gather")
         root = opts.rootRank
         self._check_root(root, "gather")
@@ -313,6 +332,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def scatter(
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "scatter", outputs, input_lists, opts)
         out = _one(outputs, "scatter")
         root = opts.rootRank
         self._check_root(root, "scatter")
@@ -331,6 +352,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def alltoall(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "alltoall", outputs, inputs, opts)
         n = self.size()
         if len(outputs) != n or len(inputs) != n:
             raise ValueError(
@@ -353,6 +376,16 @@ class SimProcessGroup(dist.ProcessGroup):
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(
+                self,
+                "all_to_all_single",
+                output,
+                input,
+                list(output_split_sizes),
+                list(input_split_sizes),
+                opts,
+            )
         n = self.size()
         out_splits = K.check_splits(
             output_split_sizes,
@@ -373,11 +406,15 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective(OPS["all_to_all_single"], fp, payload, [output])
 
     def barrier(self, opts: Any = None) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "barrier", opts)
         return self._collective(OPS["barrier"], (), {}, [])
 
     # -- point to point ---------------------------------------------------------
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "send", tensors, dst, tag)
         t = _one(tensors, "send")
         _check_caller(self._scheduler, self._global_rank, "send")
         peer = self._peer(dst, "send", "dst")
@@ -385,6 +422,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(op, t)
 
     def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "recv", tensors, src, tag)
         t = _one(tensors, "recv")
         _check_caller(self._scheduler, self._global_rank, "recv")
         peer = self._peer(src, "recv", "src")
