@@ -124,7 +124,7 @@ class RankStore(dist.Store):
         looked up (under the lock: nobody sees the probe)."""
         probe = f"__simdist_probe_{id(store)}"
         with self._changed:  # re-entrant: the probe's set takes it again
-            store.set(probe, b"")
+            store.set(probe, "")
             full = next(k for k in self._data if k.endswith(probe))
             del self._data[full]
             return self._data.pop(full[: -len(probe)] + key, None) is not None
@@ -204,5 +204,6 @@ def _prefix_delete_key(self: dist.PrefixStore, key: str) -> bool:
     return inner.delete_through(self, key)
 
 
-dist.PrefixStore.num_keys = _prefix_num_keys  # type: ignore[method-assign]
-dist.PrefixStore.delete_key = _prefix_delete_key  # type: ignore[method-assign]
+# Patching a pybind class: its stubs type the methods on Store, not PrefixStore.
+dist.PrefixStore.num_keys = _prefix_num_keys  # type: ignore[method-assign,assignment]
+dist.PrefixStore.delete_key = _prefix_delete_key  # type: ignore[method-assign,assignment]

@@ -105,7 +105,7 @@ class World(CallHooks):
             if self.states is not None:
                 self.states.restore_caller()
             raise
-        self._groups: dict[str, GroupInfo] = {}
+        self._groups: dict[str, SimGroup] = {}
         self._groups_lock = threading.Lock()
         # The world group's global -> group rank map, the identity: one for
         # every rank instead of a copy each (O(world) memory per rank).

@@ -123,7 +123,7 @@ def test_fault_plan_random_draws_only_valid_faults_for_the_ops_given() -> None:
 
 
 def test_fault_plan_random_with_no_valid_pair_says_why() -> None:
-    with pytest.raises(ValueError, match="no valid fault.*corrupt fault needs an op that sends data"):
+    with pytest.raises(ValueError, match=r"no valid fault.*corrupt fault needs an op that sends data"):
         FaultPlan.random(0, world=2, kinds=("corrupt",), ops=("recv", "barrier"))
 
 

@@ -62,7 +62,7 @@ def _entries(call: Any) -> list[Entry]:
 
 
 def _offsets(t: torch.Tensor) -> torch.Tensor:
-    idx = torch.full((), t.storage_offset(), dtype=torch.int64)
+    idx = torch.full((), int(t.storage_offset()), dtype=torch.int64)
     for n, s in zip(t.shape, t.stride()):
         idx = idx.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * s
     return idx.reshape(-1)

@@ -26,8 +26,8 @@ from .current import _check_caller, _current, _refused
 from .dispatch import Completion
 from .ops import OPS, OpArgs, OpSpec
 from .p2p import deliver
-from .shadow import modes_active, show
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
+from .shadow import modes_active, show
 from .work import SimWork, all_of
 
 if TYPE_CHECKING:
