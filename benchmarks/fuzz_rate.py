@@ -52,7 +52,7 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -188,7 +188,7 @@ def gloo_preloaded(reps: int) -> dict[str, list[float]]:
     # The forkserver imports its preload list with the sys.path it starts
     # with (PYTHONPATH), not the caller's, and skips what it cannot import.
     env = dict(os.environ)
-    folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests"), str(ROOT)]
+    folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support"), str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(
         folders + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "support"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

@@ -184,7 +184,7 @@ def test_torchrun_rank_runs_the_body_in_process(tmp_path: Path) -> None:
 
     script = tmp_path / "body.py"
     script.write_text(TORCHRUN_SCRIPT)
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(script)],

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOY = "tests/fuzz_targets/toy_properties.py"
 BUGGY = f"{TOY}::test_buggy_sum_matches_builtin"
 CLEAN = f"{TOY}::test_sorted_is_ordered"

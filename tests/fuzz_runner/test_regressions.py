@@ -16,7 +16,7 @@ import pytest
 
 from simdist.fuzz import CaseFileError, read_case, replay_case
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CASES = sorted((ROOT / "fixtures" / "regressions").glob("*.json"))
 
 

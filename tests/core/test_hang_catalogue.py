@@ -24,7 +24,7 @@ from simdist import Layout
 
 def _load_catalogue() -> ModuleType:
     # By path: fixtures/ is not a package on sys.path under every pytest launcher.
-    path = Path(__file__).resolve().parents[1] / "fixtures" / "hang_scenarios.py"
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "hang_scenarios.py"
     spec = importlib.util.spec_from_file_location("hang_scenarios", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

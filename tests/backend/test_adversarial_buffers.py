@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from world_checks import clean_world  # noqa: F401 (a fixture)
 
 import simdist
 

@@ -1,5 +1,8 @@
-"""A fixture for tests that abuse simdist: afterwards no thread simdist started
-is alive, no default group is left initialised, and the next run works."""
+"""Fixtures shared by every test folder (see tests/README.md for the layout).
+
+Helper modules live in tests/support/ and are put on the import path once by
+pyproject's ``pythonpath`` setting, so no test patches ``sys.path``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ import torch.distributed as dist
 
 import simdist
 
+# Nothing here imports tests/support: `simdist replay` and campaign workers import
+# this file outside pytest's configuration, where that folder is not on the path.
+
 
 def sum_ranks(ctx: simdist.RankContext) -> float:
     t = torch.tensor([float(ctx.rank)])
@@ -21,6 +27,8 @@ def sum_ranks(ctx: simdist.RankContext) -> float:
 
 @pytest.fixture
 def clean_world() -> Iterator[None]:
+    """For tests that abuse simdist: afterwards no thread simdist started is
+    alive, no default group is left initialised, and the next run works."""
     before = set(threading.enumerate())
     yield
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]

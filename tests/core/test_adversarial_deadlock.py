@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from world_checks import clean_world  # noqa: F401 (a fixture)
 
 import simdist
 from simdist import FaultPlan, Layout

@@ -14,7 +14,7 @@ from soft_ce_reference import reference_stats
 
 from draft_loss import projected_soft_cross_entropy, soft_cross_entropy
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 GOLDEN = json.loads((FIXTURES / "soft_ce_golden.json").read_text())
 CASES = {case["name"]: case for case in GOLDEN["cases"]}
 SOFT = [name for name, case in CASES.items() if case["kind"] == "soft"]
