@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.autograd.graph import increment_version
+from torch._C import _increment_version
 
 from .. import stacks
 from ..c10d_state import scoped_name
@@ -24,7 +24,7 @@ from ..rendezvous import Call, GroupInfo, P2POp, Scheduler
 from . import kernels as K
 from .current import _check_caller, _current, _refused
 from .dispatch import Completion
-from .ops import OPS, OpArgs, OpSpec
+from .ops import OPS, OpSpec
 from .p2p import deliver
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
 from .shadow import modes_active, show
@@ -86,11 +86,10 @@ def _detached(payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 def _bump(result: list[torch.Tensor], times: int) -> None:
     """Move the outputs' version counters as gloo's kernels do (they write
-    some outputs through tensor copies autograd sees)."""
-    for t in result:
-        if not t.is_inference():
-            for _ in range(times):
-                increment_version(t)
+    some outputs through tensor copies autograd sees). Inference tensors have
+    no counter and are skipped by torch."""
+    for _ in range(times):
+        _increment_version(result)
 
 
 class SimProcessGroup(dist.ProcessGroup):
@@ -167,7 +166,7 @@ class SimProcessGroup(dist.ProcessGroup):
             inference,
         )
         world.before_call(call, info, seq)
-        done = Completion(spec, OpArgs(info, seq, world.reduction, red, root))
+        done = Completion(spec, info, seq, world.reduction, red, root)
         pending = self._scheduler.join_collective(info, seq, call, done, world.verify)
         if spec.version_bumps:
             _bump(result, spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1))
