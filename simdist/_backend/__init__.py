@@ -8,6 +8,7 @@
   that share memory; ``p2p``: send/recv delivery; ``work``: Work handles
 - ``hooks``: the world's per-call hooks (flight record, faults, fingerprint
   and call-site comparison); ``faulting``: what a corrupt fault damages
+- ``shadow``: the c10d dispatcher ops active TorchDispatchModes (CommDebugMode) see
 - ``group``: a communicator's structured identity (axes, ranks, run)
 - ``registration``: the c10d backend plugin; ``current``: which rank a thread is
 

@@ -27,6 +27,8 @@ class CallHooks:
     faults: FaultState | None
     scheduler: Scheduler
     strict_call_sites: bool
+    # Guards the call-site notes; shared by every world (it is taken rarely).
+    _site_lock = threading.Lock()
 
     def describe_rank(self, rank: int) -> str:  # provided by the World
         raise NotImplementedError
@@ -159,9 +161,8 @@ class CallHooks:
                 f"that skipped a collective pairs its next one with its peers' earlier one)\n"
                 + self._rows(calls)
             )
-        notes = self.__dict__.setdefault("_site_notes", [])
-        lock = self.__dict__.setdefault("_site_lock", threading.Lock())
-        with lock:
+        notes = self.__dict__.setdefault("_site_notes", [])  # setdefault: atomic, no __init__ needed
+        with self._site_lock:
             if len(notes) < _SITE_NOTES:
                 sites = ", ".join(f"rank {c.rank} at {c.site}" for c in calls)
                 notes.append(f"  {calls[0].op} on {group.describe()} seq {seq}: {sites}")
