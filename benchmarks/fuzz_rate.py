@@ -310,7 +310,7 @@ def compute_floor(case: DraftCase, reps: int) -> float:
     layout = case.layout
     if layout.cp != 1:
         raise ValueError(f"compute_floor supports cp=1 layouts, got {layout}")
-    from draft_loss import cotrain
+    from draft_loss.cotrain import groups as cotrain_groups
 
     world = _FakeGroup(0, layout.world_size)
     contexts = []
@@ -334,12 +334,12 @@ def compute_floor(case: DraftCase, reps: int) -> float:
         "get_backend": lambda group=None: "none",
     }
     saved = {name: getattr(dist, name) for name in fakes}
-    saved_world = cotrain._world_group
+    saved_world = cotrain_groups.world_group
     args = _step_args(case)
     try:
         for name, fake in fakes.items():
             setattr(dist, name, fake)
-        cotrain._world_group = lambda: world
+        cotrain_groups.world_group = lambda: world
 
         def all_ranks() -> None:
             for ctx in contexts:
@@ -351,7 +351,7 @@ def compute_floor(case: DraftCase, reps: int) -> float:
     finally:
         for name, original in saved.items():
             setattr(dist, name, original)
-        cotrain._world_group = saved_world
+        cotrain_groups.world_group = saved_world
 
 
 def main() -> int:

@@ -22,8 +22,11 @@ from cotrain_harness import (
 )
 
 import simdist
-from draft_loss import cotrain as cotrain_module
+from draft_loss import grads as grads_module
 from draft_loss.cotrain import CotrainBatch, CotrainWorker, ParallelGroups
+from draft_loss.cotrain import commit as commit_module
+from draft_loss.cotrain import sgd as sgd_module
+from draft_loss.cotrain import worker as worker_module
 from draft_loss.step_state import DraftStepState
 from simdist import Layout
 
@@ -178,22 +181,14 @@ def test_gradient_transformations_run_in_the_contracted_order(monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(cotrain_module, "scale_gradients", spy("scale", cotrain_module.scale_gradients))
+    monkeypatch.setattr(worker_module, "scale_gradients", spy("scale", worker_module.scale_gradients))
     monkeypatch.setattr(
         DraftStepState, "correct_main_grads", spy("correct", DraftStepState.correct_main_grads)
     )
-    monkeypatch.setattr(
-        cotrain_module._grads, "group_grad_norms", spy("norms", cotrain_module._grads.group_grad_norms)
-    )
-    monkeypatch.setattr(
-        cotrain_module, "clip_by_group_norms", spy("clip", cotrain_module.clip_by_group_norms)
-    )
-    monkeypatch.setattr(
-        cotrain_module.MomentumSGD, "prepare", spy("optimizer", cotrain_module.MomentumSGD.prepare)
-    )
-    monkeypatch.setattr(
-        cotrain_module.MomentumSGD, "commit", spy("commit", cotrain_module.MomentumSGD.commit)
-    )
+    monkeypatch.setattr(grads_module, "group_grad_norms", spy("norms", grads_module.group_grad_norms))
+    monkeypatch.setattr(commit_module, "clip_by_group_norms", spy("clip", commit_module.clip_by_group_norms))
+    monkeypatch.setattr(sgd_module.MomentumSGD, "prepare", spy("optimizer", sgd_module.MomentumSGD.prepare))
+    monkeypatch.setattr(sgd_module.MomentumSGD, "commit", spy("commit", sgd_module.MomentumSGD.commit))
     config = config_for(**CLIPPED)
     worker = CotrainWorker(config, ParallelGroups())
     worker.train_step(

@@ -19,9 +19,9 @@ from cotrain_harness import check_parity, config_for
 
 import simdist
 from draft_loss import context_parallel as context_parallel_module
-from draft_loss import cotrain as cotrain_module
 from draft_loss import grads as grads_module
 from draft_loss import step_state as step_state_module
+from draft_loss.cotrain import CotrainWorker
 from draft_loss.grads import GradientOrderError, parameter_group, scale_gradients
 from draft_loss.step_state import DraftStepState, StepOrderError, StepPhase
 from simdist import Layout
@@ -54,7 +54,7 @@ def test_mutant_normalising_by_the_local_count_is_caught(monkeypatch):
     # (The grad norms agree across the world by construction, so the draft
     # loss metric is where rank 2's local normalisation shows.)
     with pytest.raises(
-        AssertionError, match="split vs monolithic: rank 2 (draft grad norm|metric draft_loss)"
+        AssertionError, match=r"split vs monolithic: rank 2 (draft grad norm|metric draft_loss)"
     ):
         _parity()
 
@@ -68,7 +68,7 @@ def test_mutant_skipping_the_pp_norm_collective_without_draft_parameters_is_caug
         # The bug: "this stage has nothing to add to the draft norm".
         return original(params, tp_group=tp_group, pp_group=pp_group if has_draft else None, **rest)
 
-    monkeypatch.setattr(cotrain_module._grads, "group_grad_norms", skip_on_policy_only_stages)
+    monkeypatch.setattr(grads_module, "group_grad_norms", skip_on_policy_only_stages)
     # The draft stage waits in a PP collective the others never join: on NCCL a
     # hang, on simdist a collective mismatch or deadlock reported at once.
     with pytest.raises(simdist.SimulationError) as info:
@@ -84,7 +84,7 @@ def _correct_then_scale(self, params, policy_count, probe):
 
 
 def test_mutant_correcting_before_scaling_is_refused(monkeypatch):
-    monkeypatch.setattr(cotrain_module.CotrainWorker, "_normalise_gradients", _correct_then_scale)
+    monkeypatch.setattr(CotrainWorker, "_normalise_gradients", _correct_then_scale)
     with pytest.raises(simdist.RankError) as info:
         _parity()
     assert isinstance(info.value.__cause__, GradientOrderError)
@@ -92,7 +92,7 @@ def test_mutant_correcting_before_scaling_is_refused(monkeypatch):
 
 
 def test_mutant_correcting_before_scaling_without_order_guards_is_caught(monkeypatch):
-    monkeypatch.setattr(cotrain_module.CotrainWorker, "_normalise_gradients", _correct_then_scale)
+    monkeypatch.setattr(CotrainWorker, "_normalise_gradients", _correct_then_scale)
     real = grads_module.main_grad_denominator
     # Guards removed: the correction takes an unscaled grad as "normalised by
     # 1", and scaling no longer refuses an already normalised grad.
@@ -212,7 +212,7 @@ def test_mutant_boundary_dropped_is_caught(monkeypatch):
 
 
 def test_mutant_cp_factor_added_to_the_correction_is_caught(monkeypatch):
-    original = cotrain_module.CotrainWorker._normalise_gradients
+    original = CotrainWorker._normalise_gradients
 
     def nemo_factor(self, params, policy_count, probe):
         original(self, params, policy_count, probe)
@@ -222,13 +222,13 @@ def test_mutant_cp_factor_added_to_the_correction_is_caught(monkeypatch):
             if parameter_group(p) == "draft":
                 p.main_grad.mul_(self.groups.size("cp"))
 
-    monkeypatch.setattr(cotrain_module.CotrainWorker, "_normalise_gradients", nemo_factor)
+    monkeypatch.setattr(CotrainWorker, "_normalise_gradients", nemo_factor)
     with pytest.raises(AssertionError, match=r"split vs monolithic: rank 0 grad draft\."):
         _cp_parity("uneven")
 
 
 def test_mutant_gradients_averaged_over_dp_cp_without_a_cp_factor_is_caught(monkeypatch):
-    original = cotrain_module.CotrainWorker._all_reduce_gradients
+    original = CotrainWorker._all_reduce_gradients
 
     def averaged(self, params):
         # The bug: Megatron's DDP average over DP x CP while the loss is already
@@ -237,7 +237,7 @@ def test_mutant_gradients_averaged_over_dp_cp_without_a_cp_factor_is_caught(monk
         for p in params:
             p.main_grad.div_(self.groups.size("dp") * self.groups.size("cp"))
 
-    monkeypatch.setattr(cotrain_module.CotrainWorker, "_all_reduce_gradients", averaged)
+    monkeypatch.setattr(CotrainWorker, "_all_reduce_gradients", averaged)
     with pytest.raises(AssertionError, match="monolithic vs float64 reference"):
         _cp_parity("uneven")
 
@@ -247,7 +247,7 @@ def test_mutant_counts_reduced_over_dp_instead_of_dp_cp_is_caught(monkeypatch):
         if self.groups.dp is not None:
             dist.all_reduce(tensor, group=self.groups.dp)  # the bug: the CP peers' tokens are not counted
 
-    monkeypatch.setattr(cotrain_module.CotrainWorker, "_all_reduce_counts", dp_only)
+    monkeypatch.setattr(CotrainWorker, "_all_reduce_counts", dp_only)
     # CP ranks of one replica see different counts: their metrics differ.
     with pytest.raises(AssertionError, match="monolithic: rank 1 metrics"):
         _cp_parity("uneven")
@@ -267,6 +267,6 @@ def test_mutant_grad_norms_summed_over_cp_is_caught(monkeypatch):
         norms = original(params, tp_group=tp_group, pp_group=pp_group, **rest)
         return {name: value * math.sqrt(CP_SENSITIVE.cp) for name, value in norms.items()}
 
-    monkeypatch.setattr(cotrain_module._grads, "group_grad_norms", counted_per_cp_rank)
+    monkeypatch.setattr(grads_module, "group_grad_norms", counted_per_cp_rank)
     with pytest.raises(AssertionError, match="monolithic vs float64 reference: rank 0 param"):
         _cp_parity("uneven")

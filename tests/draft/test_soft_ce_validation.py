@@ -507,20 +507,60 @@ def test_every_message_names_its_argument() -> None:
         assert re.search(re.escape(expected), str(info.value)), (case_id, str(info.value))
 
 
-def test_draft_loss_never_imports_simdist() -> None:
-    # draft_loss is the code under test: it must speak only torch.distributed.
+def _imports_of_draft_loss() -> dict[str, list[str]]:
+    """Absolute module names each draft_loss source file imports, keyed by its path in the package."""
     import ast
     from pathlib import Path
 
     package = Path(__file__).resolve().parents[2] / "draft_loss"
-    for source in sorted(package.glob("*.py")):
+    found: dict[str, list[str]] = {}
+    for source in sorted(package.rglob("*.py")):
+        relative = source.relative_to(package.parent)
+        here = list(relative.with_suffix("").parts)
+        if here[-1] == "__init__":
+            here.pop()
+        names: list[str] = []
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
+                names += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            assert not any(name.split(".")[0] == "simdist" for name in names), (
-                f"{source.name} imports {names}"
-            )
+                if node.level:  # relative: resolved against this module's package
+                    base = here[: len(here) - node.level + (1 if source.name == "__init__.py" else 0)]
+                    prefix = ".".join(base)
+                    module = f"{prefix}.{node.module}" if node.module else prefix
+                    names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+                else:
+                    names.append(node.module or "")
+        found[relative.as_posix()] = names
+    return found
+
+
+def test_draft_loss_never_imports_simdist() -> None:
+    # draft_loss is the code under test: it must speak only torch.distributed.
+    found = _imports_of_draft_loss()
+    assert any(path.startswith("draft_loss/cotrain/") for path in found), sorted(found)  # subpackages scanned
+    for path, names in found.items():
+        assert not any(name.split(".")[0] == "simdist" for name in names), f"{path} imports {names}"
+
+
+def test_the_loss_api_never_imports_the_reference_model() -> None:
+    # Imports point one way: draft_loss.cotrain uses the loss, the loss never the model.
+    for path, names in _imports_of_draft_loss().items():
+        if path.startswith("draft_loss/cotrain/"):
+            continue
+        model = [
+            name for name in names if name == "draft_loss.cotrain" or name.startswith("draft_loss.cotrain.")
+        ]
+        assert not model, f"{path} imports the reference model: {model}"
+
+
+def test_public_names_resolve_and_the_model_stays_out_of_the_loss_api() -> None:
+    import draft_loss
+    import draft_loss.cotrain
+
+    for package in (draft_loss, draft_loss.cotrain):
+        missing = [name for name in package.__all__ if not hasattr(package, name)]
+        assert not missing, f"{package.__name__}.__all__ names what it does not define: {missing}"
+        assert len(set(package.__all__)) == len(package.__all__), package.__all__
+    assert not set(draft_loss.__all__) & set(draft_loss.cotrain.__all__)
+    assert not [name for name in draft_loss.__all__ if "cotrain" in name.lower()]

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-import simdist.world
+import simdist._run.watchdog
 
 TIMEOUT = 60.0
 SCHEDULES = ["rank", "random", "concurrent"]
@@ -199,7 +199,7 @@ def daemon_blocked_in_c_body(ctx: simdist.RankContext, blocker: threading.Event)
 
 
 def test_a_helper_that_cannot_be_stopped_is_reported_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(simdist.world, "_GRACE_S", 0.3)
+    monkeypatch.setattr(simdist._run.watchdog, "GRACE_S", 0.3)
     blocker = threading.Event()
     try:
         with pytest.raises(simdist.RankError) as info:

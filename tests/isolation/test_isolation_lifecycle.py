@@ -96,9 +96,9 @@ def blocked_in_c_then_ctrl_c_body(ctx: simdist.RankContext, blocker: threading.E
     reason="Ctrl-C is not delivered as KeyboardInterrupt in this process",
 )
 def test_ctrl_c_names_a_rank_it_cannot_stop(monkeypatch: pytest.MonkeyPatch) -> None:
-    import simdist.world
+    import simdist._run.watchdog
 
-    monkeypatch.setattr(simdist.world, "_GRACE_S", 0.3)
+    monkeypatch.setattr(simdist._run.watchdog, "GRACE_S", 0.3)
     blocker = threading.Event()
     try:
         with pytest.raises(KeyboardInterrupt) as info:

@@ -16,7 +16,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
 import simdist
-import simdist.world
+import simdist._run.watchdog
 from simdist import Layout
 
 TIMEOUT = 60.0
@@ -151,7 +151,7 @@ def later_run_body(
 def test_a_rank_blocked_in_c_is_reported_and_disturbs_nothing_when_it_exits_late(
     real_world: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(simdist.world, "_GRACE_S", 0.5)
+    monkeypatch.setattr(simdist._run.watchdog, "GRACE_S", 0.5)
     blocker = threading.Event()
     before = set(threading.enumerate())
     with pytest.raises(simdist.SimulationTimeout) as info:

@@ -139,7 +139,7 @@ def test_temporary_files_are_removed(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         ({}, "needs layout=Layout"),
         ({"world_size": 2, "backend": "mpi"}, "backend must be 'gloo' or 'nccl', got 'mpi'"),
         ({"world_size": 2, "backend": "nccl"}, "pass device='cuda'"),
-        ({"world_size": 2, "timeout": 0}, "timeout must be a positive finite number"),
+        ({"world_size": 2, "timeout": 0}, "timeout must be a positive number of seconds, got 0"),
         ({"world_size": 2, "start_method": "fork"}, "start_method must be one of"),
     ],
 )

@@ -14,6 +14,7 @@ The example database is left at Hypothesis' default in every profile.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ FUZZ_WORKER_ENV = "SIMDIST_FUZZ_WORKER"
 _SAVED = pytest.StashKey[str]()
 
 
-def _settings(name: str) -> dict[str, object]:
+def _settings(name: str) -> dict[str, Any]:
     return {
         "dev": {"max_examples": 10, "deadline": None},
         "ci": {"max_examples": 50, "derandomize": True, "deadline": None, "print_blob": True},
@@ -52,7 +53,7 @@ def load_hypothesis_profile(config: pytest.Config, name: str) -> str | None:
     # (register_profile would otherwise inherit from the current default).
     base = settings.get_profile("default")
     for profile in PROFILES:
-        settings.register_profile(profile, parent=base, **_settings(profile))  # type: ignore[arg-type]
+        settings.register_profile(profile, parent=base, **_settings(profile))
     # Remember what was in force: a pytest run inside a process (pytester)
     # must not leave its profile to the tests that run after it.
     saved = f"_simdist_before_{id(config)}"

@@ -9,21 +9,31 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .faults import FaultPlan
-from .layout import Layout
-from .reduction import ReductionModel, make_model
+from .._checks import check_bool, check_int, is_int
+from .._run.options import DEFAULT_TIMEOUT_S, OPTION_NAMES, RunOptions
+from ..faults import FaultPlan
+from ..layout import Layout
+from ..reduction import ReductionModel, make_model
 
 MARKER = "simdist"
 MARKER_HELP = (
-    "simdist(layout=Layout(...) | layouts=[...] | world_size=N, reduction=, seed=, faults=, "
-    "timeout=, trace=, sim_only=): run the test on every rank of each world; it receives ctx"
+    "simdist(layout=Layout(...) | layouts=[...] | world_size=N, and any simdist.run option: "
+    "reduction=, seed=, faults=, timeout=, trace=, schedule=, schedule_seed=, rank_local=, "
+    "share_args=, device=, flight_records=, attempt=, strict_call_sites=; sim_only=): "
+    "run the test on every rank of each world; it receives ctx"
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")
-_OPTION_ARGS = ("reduction", "seed", "faults", "timeout", "trace", "sim_only")
+_OPTION_ARGS = (*OPTION_NAMES, "sim_only")
+# Options the marker keeps itself (a real backend needs them too, or they
+# differ from run's: trace=True, timeout=None for the session's).
+_OWN_ARGS = ("reduction", "seed", "faults", "timeout", "trace", "sim_only")
+# Fixture values reach the ranks as run's kwargs: shared by the rank threads
+# unless the marker says share_args=False (then each rank gets its own copy).
+_MARKER_DEFAULTS: dict[str, Any] = {"share_args": True}
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class WorldSpec:
 
 @dataclass(frozen=True)
 class SpmdOptions:
-    """The marker's options other than the worlds."""
+    """The marker's options other than the worlds (checked with ``RunOptions``'s own checks)."""
 
     reduction: str | ReductionModel | None = None
     seed: int = 0
@@ -60,6 +70,8 @@ class SpmdOptions:
     timeout: float | None = None
     trace: bool | str | os.PathLike[str] = False
     sim_only: bool = False
+    # Every other run option the marker was given (schedule=, rank_local=, ...).
+    others: Mapping[str, Any] = field(default_factory=dict)
 
     def sim_only_reason(self) -> str | None:
         """Why this test cannot run on a real backend, or None."""
@@ -70,6 +82,20 @@ class SpmdOptions:
         if self.reduction is not None:
             return f"reduction={self.reduction!r}: reduction-order models exist only in the simulator"
         return None
+
+    def run_options(self, world: WorldSpec, timeout: float, trace: str | None) -> RunOptions:
+        """The ``RunOptions`` of one world of this test (validated again, with the trace path)."""
+        given = {**_MARKER_DEFAULTS, **self.others}
+        return RunOptions(
+            layout=world.layout,
+            world_size=None if world.layout else world.world_size,
+            reduction=self.reduction or "rank",
+            seed=self.seed,
+            faults=self.faults,
+            timeout=timeout if self.timeout is None else self.timeout,
+            trace=trace,
+            **given,
+        )
 
 
 def parse(marker: Any, fn: Callable[..., Any], name: str) -> tuple[list[WorldSpec], SpmdOptions]:
@@ -100,8 +126,10 @@ def parse(marker: Any, fn: Callable[..., Any], name: str) -> tuple[list[WorldSpe
     if "ctx" not in inspect.signature(fn).parameters:
         raise TypeError(f"{where}: the test must take a `ctx` argument (each rank's simdist.RankContext)")
     worlds = _worlds(where, given[0], kwargs[given[0]])
-    options = SpmdOptions(**{k: kwargs[k] for k in _OPTION_ARGS if k in kwargs})
-    _check_options(where, options)
+    own = {k: kwargs.pop(k) for k in _OWN_ARGS if k in kwargs}
+    others = {k: kwargs[k] for k in OPTION_NAMES if k in kwargs}
+    options = SpmdOptions(**own, others=others)
+    _check_options(where, options, worlds)
     return worlds, options
 
 
@@ -109,7 +137,7 @@ def _worlds(where: str, arg: str, value: Any) -> list[WorldSpec]:
     if arg == "world_size":
         sizes = value if isinstance(value, (list, tuple)) else [value]
         for n in sizes:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if not is_int(n, 1):
                 raise ValueError(f"{where}: world_size must be a positive int (or a list of them), got {n!r}")
         return [WorldSpec(None, n) for n in sizes]
     layouts = [value] if arg == "layout" else value
@@ -118,7 +146,7 @@ def _worlds(where: str, arg: str, value: Any) -> list[WorldSpec]:
     for lay in layouts:
         if not isinstance(lay, Layout):
             raise TypeError(f"{where}: {arg}= takes simdist.Layout objects, got {type(lay).__name__} {lay!r}")
-    specs = [WorldSpec(lay, int(lay.world_size)) for lay in layouts]  # type: ignore[arg-type]
+    specs = [WorldSpec(lay, int(lay.world_size)) for lay in layouts]
     ids = [s.id for s in specs]
     duplicated = sorted({i for i in ids if ids.count(i) > 1})
     if duplicated:
@@ -126,23 +154,23 @@ def _worlds(where: str, arg: str, value: Any) -> list[WorldSpec]:
     return specs
 
 
-def _check_options(where: str, o: SpmdOptions) -> None:
-    if isinstance(o.seed, bool) or not isinstance(o.seed, int):
-        raise TypeError(f"{where}: seed must be an int, got {o.seed!r}")
-    if o.faults is not None and not isinstance(o.faults, FaultPlan):
-        raise TypeError(f"{where}: faults must be a simdist.FaultPlan, got {type(o.faults).__name__}")
-    if o.timeout is not None and (
-        isinstance(o.timeout, bool) or not isinstance(o.timeout, (int, float)) or not o.timeout > 0
-    ):
-        raise ValueError(f"{where}: timeout must be a positive number of seconds, got {o.timeout!r}")
+def _check_options(where: str, o: SpmdOptions, worlds: list[WorldSpec]) -> None:
+    """The marker's own checks, then ``RunOptions``' (the wording of ``simdist.run``)."""
     if not isinstance(o.trace, (bool, str, os.PathLike)):
         raise TypeError(
             f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {o.trace!r}"
         )
-    if not isinstance(o.sim_only, bool):
-        raise TypeError(f"{where}: sim_only must be a bool, got {o.sim_only!r}")
+    check_bool("sim_only", o.sim_only, prefix=f"{where}: ", wording="a bool")
+    check_int("seed", o.seed, prefix=f"{where}: ")
     if o.reduction is not None:
         try:
             make_model(o.reduction, o.seed)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: reduction={o.reduction!r}: {exc}") from None
+    for world in worlds:
+        try:
+            # The trace path is checked when the test runs (a fixture may
+            # create its folder); the timeout stands in for the session's.
+            o.run_options(world, DEFAULT_TIMEOUT_S, None)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from ._pytest_marker import SpmdOptions, WorldSpec
-from .errors import RankError, SimulationError
+from ..errors import RankError, SimulationError
+from .marker import SpmdOptions, WorldSpec
 
 SECTIONS = pytest.StashKey[list[tuple[str, str]]]()
 TRACE_DIR = pytest.StashKey[Path]()
@@ -88,26 +88,18 @@ def quiet_c10d_logs() -> Iterator[None]:
 
 def run_sim(item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeout: float) -> None:
     __tracebackhide__ = True
-    from .world import run
+    from .._run import run_with_options
 
     fn, kwargs = item.obj, test_kwargs(item)
     trace = trace_path(item, options)
 
-    def body(ctx: Any) -> None:
-        fn(ctx=ctx, **kwargs)  # a return value is ignored: the test checks by asserting
+    def body(ctx: Any, **fixtures: Any) -> None:
+        fn(ctx=ctx, **fixtures)  # a return value is ignored: the test checks by asserting
 
     try:
+        run_options = options.run_options(world, timeout, trace)
         with quiet_c10d_logs():
-            run(
-                body,
-                layout=world.layout,
-                world_size=None if world.layout else world.world_size,
-                reduction=options.reduction or "rank",
-                seed=options.seed,
-                faults=options.faults,
-                timeout=timeout,
-                trace=trace,
-            )
+            run_with_options(body, run_options, kwargs=kwargs)
     except RankError as err:
         if isinstance(err.__cause__, _OUTCOMES):
             raise err.__cause__ from None  # pytest.skip()/xfail() in the body: that is the outcome
@@ -167,7 +159,7 @@ def run_spawned(
     item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeout: float, backend: str
 ) -> None:
     __tracebackhide__ = True
-    from .launch import run_processes
+    from ..launch import run_processes
 
     kwargs = test_kwargs(item)
     for name, value in kwargs.items():
@@ -186,7 +178,7 @@ def run_spawned(
             layout=world.layout,
             world_size=None if world.layout else world.world_size,
             backend=backend,
-            device="cuda" if backend == "nccl" else "cpu",
+            device=str(options.others.get("device", "cuda" if backend == "nccl" else "cpu")),
             timeout=timeout,
             args=(target, kwargs, options.seed),
         )
@@ -209,7 +201,7 @@ def _target_of(item: pytest.Function) -> tuple[str, str, str, str]:
 def _remote_call(ctx: Any, target: tuple[str, str, str, str], kwargs: dict[str, Any], seed: int) -> None:
     from dataclasses import replace
 
-    from ._pytest_remote import load_test
+    from .remote import load_test
 
     fn = load_test(*target)
     fn(ctx=replace(ctx, seed=seed), **kwargs)
@@ -225,7 +217,7 @@ def run_torchrun(
     __tracebackhide__ = True
     import torch.distributed as dist
 
-    from .launch import run_torchrun_rank
+    from ..launch import run_torchrun_rank
 
     fn, kwargs = item.obj, test_kwargs(item)
     rank = dist.get_rank()

@@ -1,0 +1,36 @@
+"""What the World does on every call: the backend's per-call hooks, read
+through the run's options.
+
+The hooks themselves (flight record, faults, fingerprint and call-site
+comparison) live with the op semantics in ``simdist._backend.hooks``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._backend.hooks import CallHooks as _BackendHooks
+from ..backend import WorldHooks
+from ..rendezvous import PendingCollective, Waitable
+from ..trace import Recorder
+
+if TYPE_CHECKING:
+    from .options import RunOptions
+
+
+class CallHooks(_BackendHooks, WorldHooks):
+    """The per-call half of ``backend.WorldHooks``."""
+
+    options: RunOptions
+
+    @property
+    def strict_call_sites(self) -> bool:  # type: ignore[override]
+        return self.options.strict_call_sites
+
+    def _on_done(self, waitable: Waitable) -> None:
+        failed = waitable.error is not None
+        if isinstance(waitable, PendingCollective):
+            for call in waitable.calls.values():
+                Recorder.finish(call.record, failed)
+        else:
+            Recorder.finish(getattr(waitable, "record", None), failed)
