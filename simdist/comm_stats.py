@@ -61,6 +61,8 @@ class CommStats:
 
     def __init__(self) -> None:
         self._counts: dict[_FullKey, CommCount] = defaultdict(CommCount)
+        # label -> the axes the group answers to (read from the group, not the label text)
+        self._axes: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         self._token: contextvars.Token[tuple[CommStats, ...]] | None = None
         self.runs = 0
@@ -83,7 +85,9 @@ class CommStats:
         with self._lock:
             for rec in records:
                 # The file, not file:line: a budget names code, not a line of it.
-                key = (rec.rank, rec.group.label, rec.op, rec.site.rpartition(":")[0])
+                group = rec.group
+                key = (rec.rank, group.label, rec.op, rec.site.rpartition(":")[0])
+                self._axes[group.label] = getattr(group, "axes", ())
                 self._counts[key] = self._counts[key] + CommCount(1, rec.nbytes)
             self.runs += 1
 
@@ -107,7 +111,7 @@ class CommStats:
         """
         out: dict[int, CommCount] = defaultdict(CommCount)
         for (r, g, o, f), count in self._counts.items():
-            if _matches(g, o, group, op) and (site is None or f.endswith(site)):
+            if self._matches(g, o, group, op) and (site is None or f.endswith(site)):
                 out[r] = out[r] + count
         return dict(sorted(out.items()))
 
@@ -125,6 +129,11 @@ class CommStats:
             if rank is None or r == rank:
                 total = total + count
         return total
+
+    def _matches(self, label: str, op: str, group: str | None, want_op: str | None) -> bool:
+        if want_op is not None and op != want_op:
+            return False
+        return group is None or group == label or group in self._axes.get(label, ())
 
     def table(self) -> str:
         """The counts as a text table, one row per (rank, group, op)."""
@@ -176,8 +185,8 @@ class CommStats:
 
     def assert_same_as(self, other: CommStats, *, group: str | None = None, op: str | None = None) -> None:
         """Both saw the same calls and bytes per (rank, group, op); else ``AssertionError`` with the difference."""
-        mine = {k: v for k, v in self.summary().items() if _matches(k[1], k[2], group, op)}
-        theirs = {k: v for k, v in other.summary().items() if _matches(k[1], k[2], group, op)}
+        mine = {k: v for k, v in self.summary().items() if self._matches(k[1], k[2], group, op)}
+        theirs = {k: v for k, v in other.summary().items() if other._matches(k[1], k[2], group, op)}
         if mine == theirs:
             return
         lines = []
@@ -202,9 +211,3 @@ def _parse_key(key: str) -> tuple[str | None, str | None]:
         raise ValueError(f"a budget key must be 'group', 'group:op', '*:op' or '*', got {key!r}")
     group, _, op = key.partition(":")
     return (None if group == "*" else group), (op or None)
-
-
-def _matches(label: str, op: str, group: str | None, want_op: str | None) -> bool:
-    if want_op is not None and op != want_op:
-        return False
-    return group is None or group == label or group in label.split("/")

@@ -13,33 +13,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from ._backend.ops import OPS as _OP_TABLE
 from ._checks import is_int
-from .errors import SimulationError, UnsupportedOperationError
+from .errors import SimulationError
 from .layout import AXES, COMPOSITE_AXES, Layout
 
 KINDS = ("crash", "timeout", "abort", "corrupt", "delay")
 CORRUPT_MODES = ("nan", "inf", "sign", "bitflip")
 # The op names simdist's process group records (what a fault's ``op`` matches).
-OPS = (
-    "all_reduce",
-    "all_reduce_coalesced",
-    "broadcast",
-    "reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "gather",
-    "scatter",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "send",
-    "recv",
-)
+OPS = tuple(_OP_TABLE)
+# Ops that carry no data of the rank's own: nothing for a corrupt fault to damage.
+_SENDS_NOTHING = tuple(name for name, spec in _OP_TABLE.items() if not spec.sent)
 _GROUP_AXES = AXES + tuple(COMPOSITE_AXES) + ("world",)
 
 # What a real NCCL watchdog timeout or communicator abort raises.
@@ -74,7 +60,7 @@ class Fault:
                 )
         if self.op is not None and self.op not in OPS:
             raise ValueError(f"fault op must be one of {OPS} (or None for any op), got {self.op!r}")
-        if self.kind == "corrupt" and self.op in ("barrier", "recv"):
+        if self.kind == "corrupt" and self.op in _SENDS_NOTHING:
             raise ValueError(
                 f"a corrupt fault needs a call that sends data; {self.op!r} sends none "
                 f"(corrupt the matching send instead)"
@@ -126,10 +112,11 @@ class Fault:
             return all(c[a] == i for a, i in self.where)
         return True
 
-    def picks_call(self, op: str, group_label: str, seq: int) -> bool:
+    def picks_call(self, op: str, group: Any, seq: int) -> bool:
+        """Whether a call matches; ``group`` is the communicator (its ``axes``)."""
         if self.op is not None and op != self.op:
             return False
-        if self.group is not None and self.group not in group_label.split(" ", 1)[0].split("/"):
+        if self.group is not None and self.group not in group.axes:
             return False
         return self.seq is None or seq == self.seq
 
@@ -244,80 +231,41 @@ class FaultPlan:
         ops: Iterable[str] = ("all_reduce",),
         max_nth: int = 3,
     ) -> FaultPlan:
-        """``count`` faults drawn deterministically from ``seed``."""
+        """``count`` faults drawn deterministically from ``seed``.
+
+        Only valid faults are drawn from ``kinds`` x ``ops``: a corrupt fault
+        only on an op that sends data (never ``barrier`` or ``recv``), so every
+        seed gives a plan ``run`` accepts; ``ValueError`` when no pair is valid.
+        """
         rng = random.Random(seed)
         kinds, ops = tuple(kinds), tuple(ops)
         if not kinds or not ops:
             raise ValueError(
                 f"FaultPlan.random needs at least one kind and one op, got kinds={kinds} ops={ops}"
             )
-        size = world.world_size if isinstance(world, Layout) else int(world)
-        faults = tuple(
-            Fault(
-                rng.choice(kinds),
-                rank=rng.randrange(size),
-                op=rng.choice(ops),
-                nth=rng.randint(1, max_nth),
-                mode=rng.choice(CORRUPT_MODES),
+        valid = {k: tuple(o for o in ops if not (k == "corrupt" and o in _SENDS_NOTHING)) for k in kinds}
+        usable = tuple(k for k in kinds if valid[k])
+        if not usable:
+            raise ValueError(
+                f"FaultPlan.random: no valid fault among kinds={kinds} ops={ops} "
+                f"(a corrupt fault needs an op that sends data, not {_SENDS_NOTHING})"
             )
-            for _ in range(count)
-        )
-        return cls(faults)
-
-
-# Ops whose contribution is also the output buffer, overwritten by the result,
-# or (send) already simdist's own snapshot: damaging it in place is the same as
-# damaging it on the wire.
-_IN_PLACE_OPS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "send"})
-
-
-def corrupt_contribution(op: str, payload: dict[str, Any], mode: str) -> None:
-    """Damage what a rank contributes to a call, leaving the caller's input
-    buffer intact unless the op overwrites it anyway."""
-    for key in ("t", "in", "ins", "ts"):
-        if key not in payload:
-            continue
-        value = payload[key]
-        tensors = list(value) if isinstance(value, (list, tuple)) else [value]
-        if op not in _IN_PLACE_OPS:
-            tensors = [t.clone() for t in tensors]
-            payload[key] = tensors if isinstance(value, (list, tuple)) else tensors[0]
-        for t in tensors:
-            corrupt_(t, mode)
-        return
-
-
-def corrupt_(t: torch.Tensor, mode: str) -> None:
-    """Damage the first element of ``t`` in place."""
-    if t.numel() == 0:
-        return
-    # A one-element view of element [0, ..., 0] whatever the strides
-    # (reshape would copy a non-contiguous tensor, and the damage would be lost).
-    first = t.as_strided((1,), (1,))
-    if mode in ("nan", "inf"):
-        if not t.dtype.is_floating_point:
-            raise UnsupportedOperationError(f"corrupt mode {mode!r} needs a floating tensor, got {t.dtype}")
-        first.fill_(float("nan") if mode == "nan" else float("inf"))
-    elif mode == "sign":
-        if t.dtype == torch.bool:
-            first.logical_not_()
-        else:
-            first.neg_()
-    else:  # bitflip: the top exponent bit for floats, the lowest bit for integers
-        if t.dtype == torch.bool:
-            first.logical_not_()
-        elif t.dtype.is_floating_point:
-            bits = {
-                torch.float64: torch.int64,
-                torch.float32: torch.int32,
-                torch.float16: torch.int16,
-                torch.bfloat16: torch.int16,
-            }[t.dtype]
-            # Bit width-2 is the exponent's top bit: flipping it turns a normal
-            # number into a huge or tiny one, like a real memory bit flip.
-            first.view(bits).bitwise_xor_(1 << (torch.finfo(t.dtype).bits - 2))
-        else:
-            first.bitwise_xor_(1)
+        size = world.world_size if isinstance(world, Layout) else int(world)
+        faults = []
+        for _ in range(count):
+            # Drawn in the order plans always were (a seed's valid plan stays
+            # the same); an invalid pair is redrawn among the valid ones.
+            kind = rng.choice(kinds)
+            rank = rng.randrange(size)
+            op = rng.choice(ops)
+            if not valid.get(kind):
+                kind = rng.choice(usable)
+            if op not in valid[kind]:
+                op = rng.choice(valid[kind])
+            faults.append(
+                Fault(kind, rank=rank, op=op, nth=rng.randint(1, max_nth), mode=rng.choice(CORRUPT_MODES))
+            )
+        return cls(tuple(faults))
 
 
 class FaultState:
@@ -331,10 +279,10 @@ class FaultState:
         self._counts: dict[tuple[int, int], int] = {}
         self.fired: list[str] = []
 
-    def due(self, rank: int, op: str, group_label: str, seq: int) -> list[Fault]:
+    def due(self, rank: int, op: str, group: Any, seq: int) -> list[Fault]:
         hits = []
         for i, f in enumerate(self.plan.faults):
-            if not (f.picks_rank(rank, self.layout) and f.picks_call(op, group_label, seq)):
+            if not (f.picks_rank(rank, self.layout) and f.picks_call(op, group, seq)):
                 continue
             if f.seq is not None:
                 hits.append(f)
@@ -344,5 +292,5 @@ class FaultState:
             if n == f.nth:
                 hits.append(f)
         for f in hits:
-            self.fired.append(f"rank {rank}: {f.describe()} -> {op} on {group_label} seq {seq}")
+            self.fired.append(f"rank {rank}: {f.describe()} -> {op} on {group.describe()} seq {seq}")
         return hits

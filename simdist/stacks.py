@@ -11,13 +11,28 @@ import torch
 
 _SIMDIST_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-_THREADING_FILE = os.path.abspath(__import__("threading").__file__)
-# Frames in these places are plumbing, not the user's program.
-_HIDDEN = (_SIMDIST_DIR + os.sep, os.path.join(_TORCH_DIR, "distributed") + os.sep)
+# Frames in these places are plumbing, not the user's program: simdist, all of
+# torch (the dispatcher's torch/_ops.py behind functional collectives, module
+# hooks, DTensor), and the files whose wrappers torch puts around its API
+# (typing_extensions' @deprecated around all_gather_into_tensor and
+# reduce_scatter_tensor on torch 2.13).
+_HIDDEN = (_SIMDIST_DIR + os.sep, _TORCH_DIR + os.sep)
+_WRAPPER_FILES = frozenset(
+    os.path.abspath(m.__file__)
+    for m in (__import__("threading"), __import__("functools"), __import__("contextlib"))
+    if m.__file__
+)
+try:
+    import typing_extensions as _typing_extensions
+
+    if _typing_extensions.__file__:
+        _WRAPPER_FILES = _WRAPPER_FILES | {os.path.abspath(_typing_extensions.__file__)}
+except ImportError:  # torch depends on it, but never fail over a report detail
+    pass
 
 
 def _is_user(filename: str) -> bool:
-    return not filename.startswith(_HIDDEN) and filename != _THREADING_FILE
+    return not filename.startswith(_HIDDEN) and filename not in _WRAPPER_FILES
 
 
 def _short(filename: str) -> str:

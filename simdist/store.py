@@ -119,6 +119,17 @@ class RankStore(dist.Store):
         with self._changed:
             return len(self._data)
 
+    def delete_through(self, store: dist.PrefixStore, key: str) -> bool:
+        """``delete_key(key)`` of a PrefixStore over this store. A PrefixStore
+        does not expose its prefix, so a probe key is written through it and
+        looked up (under the lock: nobody sees the probe)."""
+        probe = f"__simdist_probe_{id(store)}"
+        with self._changed:  # re-entrant: the probe's set takes it again
+            store.set(probe, "")
+            full = next(k for k in self._data if k.endswith(probe))
+            del self._data[full]
+            return self._data.pop(full[: -len(probe)] + key, None) is not None
+
     def wait(self, keys: list[str], timeout: Any = None) -> None:
         with self._changed:
             if all(k in self._data for k in keys):
@@ -161,3 +172,40 @@ class RankStore(dist.Store):
             for rank, waitable in waits or ():
                 if not self._park_locked(rank, waitable):
                     self._scheduler.complete(rank, waitable)
+
+
+# -- reaching num_keys/delete_key through c10d's PrefixStore ----------------------
+#
+# c10d wraps the world's store in C++ PrefixStores (the default store, each
+# group's and device's prefix). C++ reaches a Python store through a trampoline
+# that forwards get/set/wait/... but not getNumKeys/deleteKey: they raised
+# "Tried to call pure virtual function". PrefixStore's two Python methods are
+# therefore routed here when the store under the prefixes is a RankStore
+# (other stores keep torch's own methods).
+
+_torch_num_keys = dist.PrefixStore.num_keys
+_torch_delete_key = dist.PrefixStore.delete_key
+
+
+def _rank_store_under(store: Any) -> RankStore | None:
+    inner = getattr(store, "_underlying_non_prefix_store", None)
+    return inner if isinstance(inner, RankStore) else None
+
+
+def _prefix_num_keys(self: dist.PrefixStore) -> int:
+    inner = _rank_store_under(self)
+    if inner is None:
+        return _torch_num_keys(self)
+    return inner.num_keys()  # as HashStore under prefixes: every key of the store
+
+
+def _prefix_delete_key(self: dist.PrefixStore, key: str) -> bool:
+    inner = _rank_store_under(self)
+    if inner is None:
+        return _torch_delete_key(self, key)
+    return inner.delete_through(self, key)
+
+
+# Patching a pybind class: its stubs type the methods on Store, not PrefixStore.
+dist.PrefixStore.num_keys = _prefix_num_keys  # type: ignore[method-assign,assignment]
+dist.PrefixStore.delete_key = _prefix_delete_key  # type: ignore[method-assign,assignment]

@@ -166,6 +166,7 @@ class Recorder:
                     "cname": colour[r.group_label],
                     "args": {
                         "group": r.group_label,
+                        "axes": list(getattr(r.group, "axes", ())),
                         "seq": r.seq,
                         "shapes": [list(s) for s in r.shapes],
                         "dtypes": r.dtype_names,

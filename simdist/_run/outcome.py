@@ -36,7 +36,7 @@ def outcome(
     rank returned (None if it raised)."""
     sched = world.scheduler
     note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
-    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
+    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures)) + world.call_site_notes()
     watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
 
     if sched.deadlock is not None:

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from .._backend.group import SimGroup
 from .._core.records import GroupInfo
 from .._core.scheduler import Scheduler
 from .._isolation.rank_state import RankStates, release_process
@@ -57,7 +58,7 @@ class World(CallHooks):
             if self.states is not None:
                 self.states.restore_caller()
             raise
-        self._groups: dict[str, GroupInfo] = {}
+        self._groups: dict[str, SimGroup] = {}
         self._groups_lock = threading.Lock()
         # The world group's global -> group rank map, the identity: one for
         # every rank instead of a copy each (O(world) memory per rank).
@@ -87,7 +88,7 @@ class World(CallHooks):
             info = self._groups.get(name)
             if info is None:
                 label = "world" if ranks == tuple(range(self.world_size)) and name == "0" else f"group {name}"
-                info = GroupInfo(name, ranks, label)
+                info = SimGroup(name, ranks, label)
                 self._groups[name] = info
             elif info.ranks != ranks:
                 error = CollectiveMismatchError(
@@ -101,4 +102,4 @@ class World(CallHooks):
 
     def label_group(self, name: str, label: str) -> None:
         with self._groups_lock:
-            self._groups[name].label = label
+            self._groups[name].relabel(label)

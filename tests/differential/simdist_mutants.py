@@ -26,11 +26,11 @@ ENV_VAR = "SIMDIST_MUTANT"
 
 # Every patch target, "module:attribute.path". Retarget here when functions move.
 TARGETS: dict[str, str] = {
-    "check_reduce_op": "simdist.backend:check_reduce_op",
-    "reduce_into": "simdist.collectives:reduce_into",
-    "copy_into": "simdist.collectives:copy_into",
-    "all_to_all_single": "simdist.collectives:all_to_all_single",
-    "deliver": "simdist.backend:_deliver",
+    "check_reduce_op": "simdist._backend.process_group:check_reduce_op",
+    "reduce_into": "simdist._backend.kernels:reduce_into",
+    "copy_into": "simdist._backend.kernels:copy_into",
+    "all_to_all_single": "simdist._backend.kernels:all_to_all_single",
+    "deliver": "simdist._backend.process_group:deliver",
     "rank_order": "simdist.reduction:RankOrder.reduce_into",
     "allreduce": "simdist.backend:SimProcessGroup.allreduce",
     "broadcast": "simdist.backend:SimProcessGroup.broadcast",

@@ -70,7 +70,7 @@ def test_mutant_is_caught(name: str) -> None:
 
 
 def test_a_moved_target_is_named_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(simdist_mutants.TARGETS, "reduce_into", "simdist.collectives:no_such_function")
+    monkeypatch.setitem(simdist_mutants.TARGETS, "reduce_into", "simdist._backend.kernels:no_such_function")
     with pytest.raises(simdist_mutants.MutantTargetError, match=r"TARGETS\['reduce_into'\]"):
         simdist_mutants.apply("reduce_into_ignores_aliasing")
     monkeypatch.setitem(simdist_mutants.TARGETS, "reduce_into", "simdist._no_such_module:reduce_into")

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .errors import CollectiveMismatchError
-from .reduction import ReductionModel
+from ..errors import CollectiveMismatchError
+from ..reduction import ReductionModel
 
 
 def reduce_into(

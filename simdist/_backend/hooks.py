@@ -1,0 +1,183 @@
+"""What the world does at every call: record it, apply faults, compare fingerprints.
+
+``CallHooks`` is mixed into the World (which provides ``recorder``,
+``faults``, ``scheduler``, ``describe_rank`` and ``strict_call_sites``): the
+process group calls ``before_call``/``before_p2p`` on the calling rank and the
+scheduler calls ``verify`` on the last member to arrive.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..debug import _hooks as debug_hooks
+from ..errors import CollectiveMismatchError, SimulationError
+from ..faults import BackendError, Fault, FaultState, InjectedFault
+from .._core.records import Call, GroupInfo, P2POp
+from .._core.scheduler import Scheduler
+from ..trace import Recorder, tensors_of
+from .faulting import corrupt_contribution
+from .payload import T
+
+# How many meetings from different call sites a report lists.
+_SITE_NOTES = 8
+
+
+class CallHooks:
+    recorder: Recorder
+    faults: FaultState | None
+    scheduler: Scheduler
+    strict_call_sites: bool
+    # Guards the call-site notes; shared by every world (it is taken rarely).
+    _site_lock = threading.Lock()
+
+    def describe_rank(self, rank: int) -> str:  # provided by the World
+        raise NotImplementedError
+
+    # -- per-call hooks -----------------------------------------------------
+
+    def before_call(self, call: Call, group: GroupInfo, seq: int) -> None:
+        """Record the call and apply any fault due (runs on the calling rank).
+
+        This rank's own faults act before it learns that the communicator was
+        aborted elsewhere: what it reports must not depend on which thread got
+        there first.
+        """
+        debug_hooks.before_call(self, call.rank, call.op, group, seq)  # debug hook: pause door, break_at
+        call.record = self.recorder.start(call.rank, seq, group, call.op, tensors_of(call.payload), call.site)
+        if self.faults is None and not self.scheduler.any_group_aborted:
+            return
+        try:
+            if self.faults is not None:
+                for fault in self.faults.due(call.rank, call.op, group, seq):
+                    where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
+                    self._apply(fault, where, group, call.op, call.payload, call, call.rank)
+            self._raise_if_group_aborted(group)
+        except BaseException as exc:
+            Recorder.finish(call.record, failed=True)
+            if isinstance(exc, SimulationError):  # an injected crash, a refused corruption
+                self.scheduler.record(call.rank, exc)
+            raise
+
+    def before_p2p(self, op: P2POp) -> None:
+        me = op.src if op.kind == "send" else op.dst
+        debug_hooks.before_call(self, me, op.kind, op.group, -1)  # debug hook: pause door, break_at
+        op.record = self.recorder.start(me, -1, op.group, op.kind, [op.tensor], op.site)
+        try:
+            for fault in self.faults.due(me, op.kind, op.group, -1) if self.faults else ():
+                where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
+                # The send's tensor is already simdist's own snapshot.
+                payload = {T: op.tensor} if op.kind == "send" else {}
+                self._apply(fault, where, op.group, op.kind, payload, None, me)
+            self._raise_if_group_aborted(op.group)
+        except BaseException as exc:
+            Recorder.finish(op.record, failed=True)
+            if isinstance(exc, SimulationError):
+                self.scheduler.record(me, exc)
+            raise
+
+    def _apply(
+        self,
+        fault: Fault,
+        where: str,
+        group: GroupInfo,
+        op: str,
+        payload: dict[str, Any],
+        call: Call | None,
+        rank: int,
+    ) -> None:
+        kind = fault.kind
+        if kind == "crash":
+            raise InjectedFault(f"injected crash at {where}")
+        if kind == "delay":
+            self.scheduler.sleep(fault.seconds)
+        elif kind == "corrupt":
+            corrupt_contribution(op, payload, fault.mode)
+        elif kind == "timeout":
+            error = BackendError(
+                f"simdist: injected watchdog timeout: {where} never completed, so every "
+                f"member of {group.describe()} fails (as NCCL's watchdog reports a timed-out collective)"
+            )
+            if call is None:
+                raise error
+            call.injected = error
+        elif kind == "abort":
+            error = BackendError(
+                f"simdist: communicator {group.describe()} was aborted at {where}; every pending "
+                f"and later call on it fails until the world is rebuilt"
+            )
+            # Members other than this rank fail because of it: a consequence.
+            error.simdist_origin = rank  # type: ignore[attr-defined]
+            self.scheduler.fail_group(group.name, error)
+            raise BackendError(*error.args)
+
+    def _raise_if_group_aborted(self, group: GroupInfo) -> None:
+        # An early, unlocked check; the scheduler re-checks under its lock.
+        error = self.scheduler.group_aborted(group.name)
+        if error is not None:
+            fresh = BackendError(*error.args)
+            fresh.__dict__.update(error.__dict__)  # keeps who aborted it
+            raise fresh
+
+    # -- the last member's checks ------------------------------------------------------
+
+    def verify(self, group: GroupInfo, seq: int, calls: list[Call]) -> None:
+        for call in calls:
+            if call.injected is not None:
+                raise call.injected
+        first = calls[0].fingerprint
+        site = calls[0].site
+        same_site = True
+        for c in calls:  # a plain loop: no generator on every collective
+            if c.fingerprint != first:
+                break
+            if c.site != site:
+                same_site = False
+        else:
+            if not same_site:
+                self._met_from_sites(group, seq, calls)
+            return
+        raise CollectiveMismatchError(
+            f"collective mismatch on {group.describe()} at sequence number {seq}: "
+            f"members called different collectives\n" + self._rows(calls)
+        )
+
+    def _rows(self, calls: list[Call]) -> str:
+        rows = []
+        for c in calls:
+            fp = dict(c.fingerprint)
+            details = ", ".join(f"{k}={v}" for k, v in fp.items() if k != "op")
+            rows.append(
+                f"  rank {c.rank:<3} {self.describe_rank(c.rank):<24} {fp['op']:<24} "
+                f"{details:<60} at {c.site}"
+            )
+        return "\n".join(rows)
+
+    def _met_from_sites(self, group: GroupInfo, seq: int, calls: list[Call]) -> None:
+        """Members agree on the call but made it from different lines: legitimate
+        in code that calls one collective from two places, and the signature of
+        a rank that skipped a call and pairs its next one with its peers' last."""
+        if self.strict_call_sites:
+            raise CollectiveMismatchError(
+                f"collective mismatch on {group.describe()} at sequence number {seq}: members "
+                f"made the same call from different call sites (strict_call_sites=True; a rank "
+                f"that skipped a collective pairs its next one with its peers' earlier one)\n"
+                + self._rows(calls)
+            )
+        notes = self.__dict__.setdefault("_site_notes", [])  # setdefault: atomic, no __init__ needed
+        with self._site_lock:
+            if len(notes) < _SITE_NOTES:
+                sites = ", ".join(f"rank {c.rank} at {c.site}" for c in calls)
+                notes.append(f"  {calls[0].op} on {group.describe()} seq {seq}: {sites}")
+
+    def call_site_notes(self) -> str:
+        """For a failed run's report: where members met from different call sites."""
+        notes = self.__dict__.get("_site_notes")
+        if not notes:
+            return ""
+        return (
+            "\nmembers met at one sequence number from different call sites (a rank that "
+            "skipped a collective pairs its next one with its peers' earlier one; "
+            "strict_call_sites=True makes this an error):\n" + "\n".join(notes)
+        )

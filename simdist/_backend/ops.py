@@ -1,0 +1,240 @@
+"""The ops table: one completion function per op and what each op does to its buffers.
+
+A completion receives the members' ``Call`` objects in group-rank order, after
+their fingerprints were compared, and writes every member's outputs; it runs on
+the thread of the last member to arrive. ``OpSpec`` is everything the rest of
+simdist needs to know about an op (which payload keys it writes or only reads,
+what a rank contributes, how gloo moves autograd's version counter), so adding
+a collective means adding its completion and its row here, and its method on
+the process group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import CollectiveMismatchError
+from .._core.records import Call, GroupInfo
+from . import kernels as K
+from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
+
+
+class OpArgs:
+    """What every member passes alike (compared by the fingerprint), for the completion."""
+
+    __slots__ = ("group", "model", "red", "root", "seq")
+
+    def __init__(self, group: GroupInfo, seq: int, model: Any, red: str, root: int) -> None:
+        self.group = group
+        self.seq = seq
+        self.model = model  # the world's reduction-order model
+        self.red = red
+        self.root = root
+
+    @property
+    def key(self) -> str:
+        """The reduction model's key for this call (shuffled orders are seeded by it)."""
+        return f"{self.group.name}/{self.seq}"
+
+
+Complete = Callable[[list[Call], OpArgs], None]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op's row of the table.
+
+    ``written``/``read``/``updated``: payload keys the op only writes, only
+    reads, or reads and overwrites (overlap checks). ``sent``: the keys holding what a rank contributes (a
+    corrupt fault damages the first present); ``sent_is_output``: that
+    contribution is overwritten by the result anyway, so it is damaged in place.
+    ``version_bumps``: how many times gloo (torch 2.13) moves autograd's version
+    counter of each tensor the call returns (its outputs), measured op by op
+    (``bumps_per_member``: that many per group member, one copy per slot).
+    """
+
+    name: str
+    complete: Complete
+    written: frozenset[str] = frozenset()
+    read: frozenset[str] = frozenset()
+    updated: frozenset[str] = frozenset()
+    sent: tuple[str, ...] = ()
+    sent_is_output: bool = False
+    version_bumps: int = 0
+    bumps_per_member: bool = False  # version_bumps times the group size
+
+
+# -- completions ------------------------------------------------------------------
+
+
+def _all_reduce(calls: list[Call], a: OpArgs) -> None:
+    ts = [c.payload[T] for c in calls]
+    K.reduce_into(a.model, ts[0], ts, a.red, a.key)
+    for x in ts[1:]:
+        x.copy_(ts[0])
+
+
+def _all_reduce_coalesced(calls: list[Call], a: OpArgs) -> None:
+    key = a.key
+    for i in range(len(calls[0].payload[TS])):
+        ts = [c.payload[TS][i] for c in calls]
+        K.reduce_into(a.model, ts[0], ts, a.red, f"{key}/{i}")
+        for x in ts[1:]:
+            x.copy_(ts[0])
+
+
+def _broadcast(calls: list[Call], a: OpArgs) -> None:
+    root = a.root
+    src = calls[root].payload[T]
+    for i, c in enumerate(calls):
+        if i != root:
+            c.payload[T].copy_(src)
+
+
+def _reduce(calls: list[Call], a: OpArgs) -> None:
+    ts = [c.payload[T] for c in calls]
+    K.reduce_into(a.model, ts[a.root], ts, a.red, a.key)
+
+
+def _all_gather(calls: list[Call], a: OpArgs) -> None:
+    ranks = a.group.ranks
+    for c in calls:
+        for j, o in enumerate(c.payload[OUTS]):
+            src = calls[j].payload[T]
+            if o.shape != src.shape:
+                raise CollectiveMismatchError(
+                    f"all_gather: rank {c.rank}'s tensor_list[{j}] has shape "
+                    f"{list(o.shape)} but rank {ranks[j]} contributed {list(src.shape)}"
+                )
+            K.copy_into(o, src)
+
+
+def _all_gather_into_tensor(calls: list[Call], a: OpArgs) -> None:
+    # Slot by slot: a rank's input may be its own slot of the output
+    # (FSDP2 gathers in place), which torch.cat(out=) refuses.
+    srcs = [K.flat(c.payload[IN], "all_gather_into_tensor input_tensor") for c in calls]
+    k = srcs[0].numel()
+    for c in calls:
+        out = c.payload[OUT_FLAT]
+        for j, src in enumerate(srcs):
+            K.copy_into(out.narrow(0, j * k, k), src)
+
+
+def _reduce_scatter(calls: list[Call], a: OpArgs) -> None:
+    key = a.key
+    for r, c in enumerate(calls):
+        K.reduce_into(a.model, c.payload[OUT], [k.payload[INS][r] for k in calls], a.red, f"{key}/{r}")
+
+
+def _reduce_scatter_tensor(calls: list[Call], a: OpArgs) -> None:
+    key = a.key
+    m = calls[0].payload[OUT].numel()
+    for r, c in enumerate(calls):
+        parts = [k.payload[IN].narrow(0, r * m, m) for k in calls]
+        K.reduce_into(a.model, c.payload[OUT], parts, a.red, f"{key}/{r}")
+
+
+def _gather(calls: list[Call], a: OpArgs) -> None:
+    ranks = a.group.ranks
+    for j, o in enumerate(calls[a.root].payload[OUTS]):
+        src = calls[j].payload[T]
+        if o.shape != src.shape:
+            raise CollectiveMismatchError(
+                f"gather: root's gather_list[{j}] has shape {list(o.shape)} but rank "
+                f"{ranks[j]} contributed {list(src.shape)}"
+            )
+        K.copy_into(o, src)
+
+
+def _scatter(calls: list[Call], a: OpArgs) -> None:
+    ranks = a.group.ranks
+    src = calls[a.root].payload[INS]
+    for j, c in enumerate(calls):
+        o = c.payload[OUT]
+        if o.shape != src[j].shape:
+            raise CollectiveMismatchError(
+                f"scatter: rank {ranks[j]}'s output has shape {list(o.shape)} but the "
+                f"root's scatter_list[{j}] has shape {list(src[j].shape)}"
+            )
+        K.copy_into(o, src[j])
+
+
+def _all_to_all(calls: list[Call], a: OpArgs) -> None:
+    ranks = a.group.ranks
+    n = len(calls)
+    for j, c in enumerate(calls):
+        for i in range(n):
+            o, src = c.payload[OUTS][i], calls[i].payload[INS][j]
+            if o.shape != src.shape:
+                raise CollectiveMismatchError(
+                    f"all_to_all: rank {ranks[j]}'s output_tensor_list[{i}] has shape "
+                    f"{list(o.shape)} but rank {ranks[i]} sends {list(src.shape)}"
+                )
+            o.copy_(src)
+
+
+def _all_to_all_single(calls: list[Call], a: OpArgs) -> None:
+    K.all_to_all_single(
+        [c.payload[OUT] for c in calls],
+        [c.payload[IN] for c in calls],
+        [c.payload[OUT_SPLITS] for c in calls],
+        [c.payload[IN_SPLITS] for c in calls],
+        a.group.ranks,
+    )
+
+
+def _nothing(calls: list[Call], a: OpArgs) -> None:
+    pass
+
+
+# -- the table ------------------------------------------------------------------------
+
+_W = frozenset
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in (
+        OpSpec("all_reduce", _all_reduce, updated=_W({T}), sent=(T,), sent_is_output=True),
+        OpSpec(
+            "all_reduce_coalesced",
+            _all_reduce_coalesced,
+            updated=_W({TS}),
+            sent=(TS,),
+            sent_is_output=True,
+            version_bumps=1,
+        ),
+        OpSpec("broadcast", _broadcast, updated=_W({T}), sent=(T,)),
+        OpSpec("reduce", _reduce, updated=_W({T}), sent=(T,), sent_is_output=True),
+        OpSpec("all_gather", _all_gather, _W({OUTS}), _W({T}), sent=(T,), version_bumps=1),
+        OpSpec(
+            "all_gather_into_tensor",
+            _all_gather_into_tensor,
+            _W({OUT_FLAT}),
+            _W({IN}),
+            sent=(IN,),
+            version_bumps=1,
+            bumps_per_member=True,
+        ),
+        OpSpec("reduce_scatter", _reduce_scatter, _W({OUT}), _W({INS}), sent=(INS,), version_bumps=1),
+        OpSpec(
+            "reduce_scatter_tensor",
+            _reduce_scatter_tensor,
+            _W({OUT}),
+            _W({IN}),
+            sent=(IN,),
+            version_bumps=1,
+        ),
+        OpSpec("gather", _gather, _W({OUTS}), _W({T}), sent=(T,), version_bumps=1),
+        OpSpec("scatter", _scatter, _W({OUT}), _W({INS}), sent=(INS,)),
+        OpSpec("all_to_all", _all_to_all, _W({OUTS}), _W({INS}), sent=(INS,), version_bumps=1),
+        OpSpec("all_to_all_single", _all_to_all_single, _W({OUT}), _W({IN}), sent=(IN,)),
+        OpSpec("barrier", _nothing),
+        # Point to point: matched by the scheduler, delivered by p2p.deliver. A
+        # send's payload is already simdist's own snapshot of the tensor.
+        OpSpec("send", _nothing, sent=(T,), sent_is_output=True),
+        OpSpec("recv", _nothing),
+    )
+}

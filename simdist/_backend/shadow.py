@@ -1,0 +1,62 @@
+"""Letting TorchDispatchModes see the c10d ops a real backend dispatches.
+
+On gloo, ``dist.all_reduce`` reaches the backend through the dispatcher op
+``c10d.allreduce_``, which modes such as PyTorch's ``CommDebugMode`` count. A
+Python process group is called directly, past the dispatcher (c10d has no
+Python ``Backend``). So when a dispatch mode is active, each call is also made
+on a shadow: a C++ ``ProcessGroup`` of the same rank and size whose backend is
+c10d's ``FakeProcessGroup``. The modes see the same op with the same tensors;
+the fake backend touches nothing (no data, no version counter), and the real
+call then runs in simdist. With no mode active this costs one C call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+from torch._C import _len_torch_dispatch_stack as modes_active
+
+__all__ = ["modes_active", "show"]
+
+# simdist's method -> (the ProcessGroup method gloo's path takes, its default options)
+_SAME_AS: dict[str, tuple[str, Any]] = {
+    "allreduce": ("allreduce", _c10d.AllreduceOptions),
+    "allreduce_coalesced": ("allreduce_coalesced", _c10d.AllreduceCoalescedOptions),
+    "broadcast": ("broadcast", _c10d.BroadcastOptions),
+    "reduce": ("reduce", _c10d.ReduceOptions),
+    "allgather": ("allgather", _c10d.AllgatherOptions),
+    "all_gather_single": ("_allgather_base", _c10d.AllgatherOptions),
+    "reduce_scatter": ("reduce_scatter", _c10d.ReduceScatterOptions),
+    "reduce_scatter_single": ("_reduce_scatter_base", _c10d.ReduceScatterOptions),
+    "gather": ("gather", _c10d.GatherOptions),
+    "scatter": ("scatter", _c10d.ScatterOptions),
+    "alltoall": ("alltoall", _c10d.AllToAllOptions),
+    "all_to_all_single": ("alltoall_base", _c10d.AllToAllOptions),
+    "barrier": ("barrier", _c10d.BarrierOptions),
+}
+
+
+def _shadow(group: Any) -> dist.ProcessGroup:
+    shadow = group.__dict__.get("_simdist_shadow")
+    if shadow is None:
+        rank, size = group.rank(), group.size()
+        # The (rank, size) constructor exists on 2.13; torch's stub lists only (store, rank, size).
+        shadow = dist.ProcessGroup(rank, size)  # type: ignore[call-arg]
+        fake = _c10d.FakeProcessGroup._create_internal(rank, size)
+        for device in ("cpu", "cuda"):
+            shadow._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, fake)
+        shadow._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        group.__dict__["_simdist_shadow"] = shadow
+    return shadow
+
+
+def show(group: Any, method: str, *args: Any) -> None:
+    """Make ``method``'s dispatcher op visible to the active modes. ``args`` are
+    the call's arguments; a trailing None stands for default options."""
+    name, options = _SAME_AS.get(method, (method, None))
+    if args and args[-1] is None and options is not None:
+        args = (*args[:-1], options())
+    getattr(_shadow(group), name)(*args).wait()

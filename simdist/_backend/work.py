@@ -1,0 +1,93 @@
+"""Work handles: what a collective or P2P call returns to the rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._core.records import Waitable
+from .._core.scheduler import Scheduler
+from .current import _check_caller
+
+
+class SimWork(dist.Work):
+    """A handle on a pending call; ``wait()`` blocks in the scheduler, bounded
+    by deadlock detection and the run's watchdog."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        rank: int,
+        waitable: Waitable | None,
+        result: list[torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__()
+        self._scheduler = scheduler
+        self._rank = rank
+        self._waitable = waitable
+        self._result = result or []
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._waitable is not None:
+            _check_caller(self._scheduler, self._rank, "Work.wait")
+            self._scheduler.wait(self._rank, self._waitable)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._waitable is None or self._waitable.done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and (self._waitable is None or self._waitable.error is None)
+
+    def exception(self) -> Any:
+        return None if self._waitable is None else self._waitable.error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class _AllOf(Waitable):
+    def __init__(self, works: list[SimWork]) -> None:
+        self.works = works
+
+    @property
+    def done(self) -> bool:  # type: ignore[override]
+        return all(w.is_completed() for w in self.works)
+
+    @property
+    def error(self) -> BaseException | None:  # type: ignore[override]
+        for w in self.works:
+            if w.exception() is not None:
+                return w.exception()
+        return None
+
+
+class _Sequence(SimWork):
+    """Several calls issued as one (the coalesced forms): waits for each in turn."""
+
+    def __init__(
+        self, scheduler: Scheduler, rank: int, works: list[SimWork], result: list[torch.Tensor]
+    ) -> None:
+        super().__init__(scheduler, rank, _AllOf(works), result)
+        self._works = works
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self._works:
+            w.wait()
+        return True
+
+
+def all_of(scheduler: Scheduler, rank: int, works: list[SimWork], result: list[torch.Tensor]) -> SimWork:
+    return _Sequence(scheduler, rank, works, result)
