@@ -52,31 +52,42 @@ def user_project(tmp_path: Path, *, pyproject: str | None = None) -> Path:
 # -- 1, 2: where cases go and how replay finds them ------------------------------------------
 
 
-def test_a_users_case_goes_to_their_project_and_replays_from_anywhere(tmp_path):
+def test_a_users_case_replays_from_anywhere_whatever_the_corpus(tmp_path):
+    # The user's project has its own settings; the campaign runs from an unrelated
+    # directory and writes its cases to a third place (neither holds the property).
     project = user_project(tmp_path, pyproject='[tool.simdist]\ncorpus = "regressions/fuzz"\n')
     target = f"{project / 'props' / 'target_user_sum.py'}::test_buggy_sum_matches_builtin"
-    elsewhere = tmp_path / "elsewhere"
+    elsewhere, shared = tmp_path / "elsewhere", tmp_path / "shared" / "cases"
     elsewhere.mkdir()
-    proc = run_cli("fuzz", "--budget", "10", "--seed", "3", "-x", "--database", "none", target, cwd=elsewhere)
+    proc = run_cli(
+        "fuzz",
+        "--budget",
+        "10",
+        "--seed",
+        "3",
+        "-x",
+        "--database",
+        "none",
+        "--corpus",
+        str(shared),
+        target,
+        cwd=elsewhere,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    [written] = (project / "regressions" / "fuzz").glob("*.json")
-    assert "cases go to" in proc.stderr and str(Path("regressions") / "fuzz") in proc.stderr
-    assert not list(elsewhere.rglob("*.json")), "nothing is written where the command happened to run"
+    [written] = shared.glob("*.json")
+    assert f"cases go to {shared}" in proc.stderr
     # The file names the property relative to itself: no machine's absolute path.
     data = json.loads(written.read_text())
-    assert data["file"] == "../../props/target_user_sum.py"
-    # Replayed from a third directory, unrelated to both: the printed command works.
+    assert data["target"] == "props/target_user_sum.py::test_buggy_sum_matches_builtin"
+    assert data["file"] == "../../user_project/props/target_user_sum.py"
+    # Replayed from a third directory: the command the campaign printed works.
     third = tmp_path / "third"
     third.mkdir()
+    assert f"replay: simdist replay {written}" in proc.stderr
     still = run_cli("replay", str(written), cwd=third)
     assert still.returncode == 1 and "FAILS" in still.stdout, still.stdout + still.stderr
-    fixed = run_cli("replay", str(written), cwd=third, env={"TOY_FIXED": "1"})
+    fixed = run_cli("replay", str(shared), cwd=third, env={"TOY_FIXED": "1"})
     assert fixed.returncode == 0 and "1 pass, 0 still fail" in fixed.stdout, fixed.stdout
-    # The corpus and its target moved together still replay.
-    moved = tmp_path / "moved"
-    shutil.move(str(project), moved)
-    again = run_cli("replay", str(moved / "regressions" / "fuzz"), cwd=third, env={"TOY_FIXED": "1"})
-    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_the_default_corpus_follows_the_targets_rootdir(tmp_path):
