@@ -40,7 +40,7 @@ from draft_runs import (  # noqa: E402
     worst_ratio,
 )
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from soft_ce_cases import (
+from soft_ce_cases import (  # noqa: E402
     SoftCECase,
     check_soft_ce,
     run_soft_ce_bad_input,

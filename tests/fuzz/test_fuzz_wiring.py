@@ -191,3 +191,36 @@ def test_a_replica_that_differs_is_caught_before_its_representative_stands_for_i
     assert check_updates(case, results, reference, ranks=representatives) <= 1.0
     with pytest.raises(AssertionError, match=f"rank 3 applied update of {name}"):
         check_updates(case, wrong, reference)
+
+
+def _draws(strategy, examples: int = 30) -> list:
+    seen: list = []
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(case) -> None:
+        seen.append(case)
+
+    collect()
+    return seen
+
+
+def test_max_world_size_bounds_every_strategy_of_the_default_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `simdist fuzz --max-world-size 2` exports this; the soft-CE cases used to
+    # ignore it (MAX_TP = 4 hard-coded) and ran 3- and 4-rank worlds.
+    from draft_cases import draft_cases
+    from soft_ce_cases import soft_ce_cases
+
+    monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "2")
+    for strategy in (draft_cases(), fault_cases(), bad_input_cases()):
+        assert max(case.layout.world_size for case in _draws(strategy)) <= 2
+    for strategy in (soft_ce_cases(), soft_ce_bad_input_cases()):
+        assert {case.tp for case in _draws(strategy)} <= {1, 2}
+    monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "1")
+    assert {case.tp for case in _draws(soft_ce_cases())} == {1}
