@@ -284,3 +284,14 @@ def test_a_campaigns_max_world_size_bounds_layouts(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "two")
     with pytest.raises(ValueError, match="SIMDIST_FUZZ_MAX_WORLD_SIZE must be a positive int"):
         layouts()
+
+
+def test_weights_and_mask_scales_include_values_inexact_in_bfloat16_and_float16() -> None:
+    # All-dyadic weights (1, 0.5, 2, 0.25) round-trip exactly in bfloat16, so a
+    # bug keeping weights or weighted counts in low precision could never show.
+    drawn = [w for ws in _draw_many(bin_weights(), 100, 5) for w in ws]
+    rows = [v for row in _draw_many(mask_rows(4), 100, 5) for v in row]
+    for values in (drawn, rows):
+        for dtype in (torch.bfloat16, torch.float16):
+            inexact = [v for v in values if float(torch.tensor(v).to(dtype)) != v]
+            assert len(inexact) >= 0.05 * len(values), (dtype, len(inexact), len(values))

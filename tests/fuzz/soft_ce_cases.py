@@ -22,6 +22,7 @@ import simdist
 from draft_loss import soft_cross_entropy
 from simdist import Layout
 from simdist.strategies import (
+    MASK_SCALES,
     ReductionChoice,
     bin_weights,
     campaign_max_world_size,
@@ -32,6 +33,14 @@ from simdist.strategies import (
 
 # The largest TP group drawn, lowered by a campaign's --max-world-size.
 MAX_TP = 4
+
+
+def _long_row(seq: int, valid: int, scale: float) -> tuple[float, ...]:
+    return (scale,) * valid + (0.0,) * (seq - valid)
+
+
+# One case in eight is long (over 256 tokens); shrinks towards short.
+LONG_CHOICES = (False,) * 7 + (True,)
 
 
 def max_tp() -> int:
@@ -130,13 +139,26 @@ class SoftCECase:
 
 @st.composite
 def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
-    """Uneven vocabulary shards (1..9 entries per rank) over 1..4 TP ranks, masks by
-    ``mask_rows``, chunk sizes from 1 to beyond the token count."""
+    """Uneven vocabulary shards (1..9 entries per rank) over 1..4 TP ranks (at
+    most the campaign's --max-world-size), masks by ``mask_rows`` (one case in
+    eight with 258..320 tokens, past bfloat16's exact integers), chunk sizes
+    from 1 to beyond the token count."""
     top = max_tp()
     tp = draw(st.integers(min(min_tp, top), top))
     shards = tuple(draw(st.lists(st.integers(1, 9), min_size=tp, max_size=tp)))
-    batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
-    mask = tuple(tuple(draw(mask_rows(seq))) for _ in range(batch))
+    if draw(st.sampled_from(LONG_CHOICES)):
+        # Past bfloat16's exact integers (256): a token count kept in the
+        # logits' dtype rounds (257 -> 256) only in cases this long. Rows are
+        # nearly full valid prefixes (a few choices each, not one per token, which would
+        # overrun Hypothesis' buffer), with a weight drawn like mask_rows'.
+        batch, seq = 2, draw(st.integers(129, 160))
+        mask = tuple(
+            _long_row(seq, seq - draw(st.integers(0, 8)), draw(st.sampled_from(MASK_SCALES)))
+            for _ in range(batch)
+        )
+    else:
+        batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+        mask = tuple(tuple(draw(mask_rows(seq))) for _ in range(batch))
     weights = draw(bin_weights((1, 4)))
     single_bin = draw(st.integers(0, len(weights) - 1)) if draw(st.booleans()) else None
     reduction: ReductionChoice = draw(reductions())

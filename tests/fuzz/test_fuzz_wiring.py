@@ -224,3 +224,11 @@ def test_max_world_size_bounds_every_strategy_of_the_default_target(monkeypatch:
         assert {case.tp for case in _draws(strategy)} <= {1, 2}
     monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "1")
     assert {case.tp for case in _draws(soft_ce_cases())} == {1}
+
+
+def test_soft_ce_cases_cross_bfloat16s_exact_integer_range() -> None:
+    # Counts above 256 are where a count kept in bfloat16 rounds (257 -> 256).
+    from soft_ce_cases import soft_ce_cases
+
+    counts = [sum(1 for row in case.mask for v in row if v > 0) for case in _draws(soft_ce_cases(), 120)]
+    assert sum(count > 256 for count in counts) >= 3, sorted(counts)[-5:]
