@@ -127,7 +127,7 @@ def test_a_foreign_case_in_the_projects_corpus_is_skipped_not_an_error(tmp_path)
 # -- 3: a hanging property, a leaking one -----------------------------------------------------
 
 
-def test_a_hanging_case_is_a_failure_with_its_case_and_a_leak_is_named(tmp_path):
+def test_a_hanging_case_is_a_failure_with_its_case_and_a_leak_and_an_unfired_plan_are_named(tmp_path):
     report = tmp_path / "r.json"
     proc = run_cli(
         "fuzz",
@@ -152,6 +152,9 @@ def test_a_hanging_case_is_a_failure_with_its_case_and_a_leak_is_named(tmp_path)
     assert "_forever.wait()" in failure["report"], "the stuck stack is shown"
     assert "failures: none" not in proc.stderr
     assert "leaked" in proc.stderr and "leaked-by-case-" in proc.stderr
+    # 15: a FaultPlan that matched no call is reported, with its property.
+    assert "test_a_crash_is_survived ran a FaultPlan that never fired" in proc.stderr
+    assert data["cases_with_unfired_fault_plans"], data["problems"]
     assert len(list((tmp_path / "cases").glob("*.json"))) == 1
 
 

@@ -460,6 +460,11 @@ def _problems(
             f"note: worker {k} stopped at a case that ran past --case-timeout ({cfg.case_timeout:g} s); "
             "its properties were not fuzzed further"
         )
+    for prop, n in sorted(stats.unfired_plans.items()):
+        problems.append(
+            f"note: {n} case(s) of {prop} ran a FaultPlan that never fired (no rule matched a call): "
+            "they tested a clean run, not a fault"
+        )
     for prop, names in sorted(stats.leaks.items()):
         problems.append(
             f"note: {prop} leaked {len(names)} thread(s) still running after its round: {', '.join(names[:8])}"

@@ -59,6 +59,8 @@ class CampaignStats:
     in_case: dict[int, str] = field(default_factory=dict)
     hung_workers: set[int] = field(default_factory=set)
     leaks: dict[str, list[str]] = field(default_factory=dict)
+    # Cases per property whose FaultPlan had rules and none fired.
+    unfired_plans: Counter = field(default_factory=Counter)
     # Cases per world size (the product of the layout axes a case covers).
     world_sizes: Counter = field(default_factory=Counter)
 
@@ -101,6 +103,8 @@ class CampaignStats:
         self.cases_by_status[status] += 1
         self.cases_by_property[prop] += 1
         self.case_seconds += float(event.get("sec", 0.0))
+        if event.get("unfired"):
+            self.unfired_plans[prop] += 1
         if status == "failed" and prop not in self.first_failing_case_at:
             self.first_failing_case_at[prop] = float(event.get("t", 0.0))
             self.cases_before_first_failure[prop] = self.cases_by_property[prop] - 1
@@ -165,6 +169,7 @@ class CampaignStats:
             "ready_after_s": {str(k): v for k, v in sorted(self.ready_at.items())},
             "stop_reasons": {str(k): v for k, v in sorted(self.done_reasons.items())},
             "leaked_threads": self.leaks,
+            "cases_with_unfired_fault_plans": dict(self.unfired_plans),
             "failures": [
                 {
                     "property": f.property,

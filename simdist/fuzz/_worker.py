@@ -28,6 +28,7 @@ from ._database import resolve_database
 from ._events import EventWriter, worker_file
 from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
 from ._property import clear_failures, in_flight_case, last_failure, spec_of
+from ._unfired import UnfiredPlans
 
 ENV_FLAG = "SIMDIST_FUZZ_WORKER"
 # A round of one property aims at this many seconds, so the deadline is
@@ -79,6 +80,7 @@ class _Worker:
     current_cases: int = 0
     current_failing: int = 0  # failing cases seen in this round (a shrink is under way)
     guard: CaseDeadline | None = None
+    unfired: UnfiredPlans | None = None
     leaked: set[str] = field(default_factory=set)
     call_failed: dict[str, str] = field(default_factory=dict)
 
@@ -122,6 +124,7 @@ def pytest_configure(config: pytest.Config) -> None:
         print_blob=False,
     )
     settings.load_profile("simdist-fuzz")
+    _worker.unfired = UnfiredPlans()
     try:
         from hypothesis.internal import observability
     except ImportError:  # an older Hypothesis: no per-case stream, rounds still count
@@ -146,6 +149,7 @@ def _observe(observation: Any) -> None:
     features = {
         str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in observation.features.items()
     }
+    unfired = w.unfired is not None and w.unfired.case_done()
     w.events.emit(
         "case",
         p=w.current,
@@ -154,6 +158,7 @@ def _observe(observation: Any) -> None:
         f=features,
         sec=round(sum(observation.timing.values()), 6),
         t=w.elapsed(),
+        **({"unfired": 1} if unfired else {}),
     )
 
 
