@@ -353,7 +353,7 @@ def fault_to_json(fault: Fault) -> dict[str, object]:
 
 def fault_from_json(data: Mapping[str, object]) -> Fault:
     fields = dict(data)
-    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[union-attr]
+    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]
     return Fault(**fields)  # type: ignore[arg-type]
 
 

@@ -25,11 +25,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ._corpus import write_case
 from ._database import DatabaseSpecError, resolve_database
 from ._events import EventReader, worker_file
+from ._forked import ForkedWorker, fork_available
 from ._hangs import EXIT_HUNG_CASE
 from ._outputs import check_output_paths, display
 from ._project import default_corpus, simdist_settings
@@ -151,7 +152,7 @@ def _worker_command(targets: Sequence[str]) -> list[str]:
 
 
 def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> tuple[list, list]:
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Any] = []  # Popen or ForkedWorker: poll, wait, send_signal, kill, returncode
     logs = []
     seeds = random.Random(seed)
     for k in range(cfg.workers):
@@ -181,15 +182,16 @@ def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> tup
         env.setdefault("OMP_NUM_THREADS", "1")
         log = open(run_dir / f"worker-{k}.log", "wb")
         logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                _worker_command(cfg.targets),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+        command = _worker_command(cfg.targets)
+        if fork_available():
+            # Forked from this process: torch and simdist are imported already.
+            procs.append(ForkedWorker(command[3:], env, log))
+        else:
+            procs.append(
+                subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
             )
-        )
     return procs, logs
 
 
@@ -199,6 +201,8 @@ class _Watch:
 
     killed: set[int] = field(default_factory=set)  # stopped past budget + grace
     not_ready: set[int] = field(default_factory=set)  # stopped before they were ready
+    # Per killed worker: seconds since its last round start or finished case.
+    stalled: dict[int, float] = field(default_factory=dict)
     interrupted: bool = False
 
 
@@ -233,6 +237,7 @@ def _supervise(
                     overdue.append(k)
                 elif ready is not None and now - started > ready + cfg.budget + cfg.grace:
                     watch.killed.add(k)
+                    watch.stalled[k] = now - started - stats.last_progress.get(k, ready)
                     overdue.append(k)
             if overdue:
                 _stop([procs[k] for k in overdue])
@@ -436,7 +441,7 @@ def _problems(
             )
             continue
         if k in watch.killed:
-            problem = _killed_problem(k, stats, cfg)
+            problem = _killed_problem(k, stats, cfg, watch.stalled.get(k, 0.0))
             if problem:
                 problems.append(problem)
             continue
@@ -472,21 +477,28 @@ def _problems(
     return problems
 
 
-def _killed_problem(k: int, stats: CampaignStats, cfg: CampaignConfig) -> str | None:
-    # Stopped past budget + grace: either shrinking a failure (reported
-    # unshrunk) or stuck in a case, which is a hang, never "clean".
+def _killed_problem(k: int, stats: CampaignStats, cfg: CampaignConfig, stalled: float) -> str | None:
+    # Stopped past budget + grace: shrinking a failure (reported unshrunk),
+    # between rounds, in a case that was merely slow, or stuck in one case for
+    # the whole grace period: a hang, never "clean" (--case-timeout may be
+    # longer than budget + grace, so this is the hang detector of last resort).
     current = stats.in_case.get(k)
-    shrinking = any(f.worker == k and not f.shrunk for f in stats.failures)
-    if shrinking or current is None:
+    if any(f.worker == k and not f.shrunk for f in stats.failures):
         return (
             "note: workers were still shrinking past the budget and grace period and were "
             "stopped; a failure may be reported unshrunk"
-            if shrinking
-            else None
+        )
+    if current is None:
+        return None
+    if stalled >= cfg.grace:
+        return (
+            f"hang: worker {k} was stuck in a case of {current} for {stalled:.0f} s, past its budget "
+            f"and grace period (--grace {cfg.grace:g}), and was stopped; the property may hang "
+            "(see --case-timeout)"
         )
     return (
-        f"hang: worker {k} was still running a case of {current} {cfg.grace:g} s past its budget "
-        f"(--grace) and was stopped; the property may hang (see --case-timeout)"
+        f"note: worker {k} was stopped in the middle of a round of {current} (its last case "
+        f"finished {stalled:.1f} s before, within --grace): that round's other cases did not run"
     )
 
 

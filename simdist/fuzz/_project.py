@@ -37,7 +37,7 @@ def simdist_settings(root: Path) -> dict[str, Any]:
     if not pyproject.is_file():
         return {}
     try:
-        import tomllib
+        import tomllib  # type: ignore[import-not-found]
     except ImportError:  # Python 3.10
         return {}
     try:

@@ -57,6 +57,8 @@ class CampaignStats:
     rootdirs: dict[int, str] = field(default_factory=dict)
     # Per worker: the property whose round is running (absent between rounds).
     in_case: dict[int, str] = field(default_factory=dict)
+    # Per worker: when (seconds after the start) a round started or a case finished last.
+    last_progress: dict[int, float] = field(default_factory=dict)
     hung_workers: set[int] = field(default_factory=set)
     leaks: dict[str, list[str]] = field(default_factory=dict)
     # Cases per property whose FaultPlan had rules and none fired.
@@ -66,6 +68,8 @@ class CampaignStats:
 
     def add(self, worker: int, event: dict[str, Any]) -> None:
         kind = event.get("e")
+        if kind in ("case", "round_start") and "t" in event:
+            self.last_progress[worker] = max(self.last_progress.get(worker, 0.0), float(event["t"]))
         if kind == "case":
             self.cases_by_worker[worker] += 1
             self._add_case(event)

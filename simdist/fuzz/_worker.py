@@ -178,7 +178,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
     others: list[str] = []
     for item in session.items:
         fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        if getattr(fn, "is_hypothesis_test", False):
+        if fn is not None and getattr(fn, "is_hypothesis_test", False):
             props.append(_PropertyState(item.nodeid, fn, fn._hypothesis_internal_use_settings))
         else:
             others.append(item.nodeid)
@@ -286,7 +286,8 @@ def _run_round(
 def _report_leaks(w: _Worker, nodeid: str, before: set[int]) -> None:
     if nodeid in w.leaked:
         return
-    ignore = {t.ident for t in (w.guard.thread,) if w.guard is not None and t.ident is not None}
+    guard_thread = w.guard.thread if w.guard is not None else None
+    ignore = {guard_thread.ident} if guard_thread is not None and guard_thread.ident is not None else set()
     names = leaked_threads(before, ignore)
     if names:
         w.leaked.add(nodeid)
