@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def catalogue() -> list[str]:
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "fuzz")]
+    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests" / "fuzz")]
     spec = importlib.util.spec_from_file_location(
         "fuzz_mutants_catalogue", ROOT / "tests" / "fuzz" / "mutants.py"
     )

@@ -52,7 +52,7 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -188,7 +188,7 @@ def gloo_preloaded(reps: int) -> dict[str, list[float]]:
     # The forkserver imports its preload list with the sys.path it starts
     # with (PYTHONPATH), not the caller's, and skips what it cannot import.
     env = dict(os.environ)
-    folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests"), str(ROOT)]
+    folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support"), str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(
         folders + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
@@ -310,7 +310,7 @@ def compute_floor(case: DraftCase, reps: int) -> float:
     layout = case.layout
     if layout.cp != 1:
         raise ValueError(f"compute_floor supports cp=1 layouts, got {layout}")
-    from draft_loss import cotrain
+    from draft_loss.cotrain import groups as cotrain_groups
 
     world = _FakeGroup(0, layout.world_size)
     contexts = []
@@ -334,12 +334,12 @@ def compute_floor(case: DraftCase, reps: int) -> float:
         "get_backend": lambda group=None: "none",
     }
     saved = {name: getattr(dist, name) for name in fakes}
-    saved_world = cotrain._world_group
+    saved_world = cotrain_groups.world_group
     args = _step_args(case)
     try:
         for name, fake in fakes.items():
             setattr(dist, name, fake)
-        cotrain._world_group = lambda: world
+        cotrain_groups.world_group = lambda: world
 
         def all_ranks() -> None:
             for ctx in contexts:
@@ -351,7 +351,7 @@ def compute_floor(case: DraftCase, reps: int) -> float:
     finally:
         for name, original in saved.items():
             setattr(dist, name, original)
-        cotrain._world_group = saved_world
+        cotrain_groups.world_group = saved_world
 
 
 def main() -> int:

@@ -2,21 +2,31 @@
 
 Never imports simdist: the point of the simulator is that this code runs
 unmodified on simulated and real process groups.
+
+The API, by what a training loop does with it:
+
+* the loss: ``soft_cross_entropy`` (vocabulary sharded over TP, streamed in
+  token tiles) and ``projected_soft_cross_entropy`` (the same loss from the
+  hidden states and the LM head, never building the ``[T, V]`` logits) return
+  binned ``DraftLossStats``; ``align_for_draft`` rolls the teacher logits and
+  mask so that draft position t learns the policy at t+1;
+* the split step: ``DraftStepState`` carries a step's draft statistics across
+  microbatches (``StepPhase``, ``StepOrderError``, ``DraftMetrics``);
+* the gradients: ``tag_parameter`` / ``parameter_group`` / ``is_tensor_parallel``
+  (``GROUPS``), ``zero_main_grads``, ``accumulate_main_grads``,
+  ``scale_gradients``, ``group_grad_norms``, ``clip_by_group_norms``
+  (``GradientOrderError`` when out of order);
+* context parallelism: ``shard_sequence`` (load-balanced CP shards),
+  ``shift_left`` (the look-ahead across CP chunk ends),
+  ``load_balanced_positions``, ``padded_length``.
+
+``draft_loss.cotrain`` is not part of it: a reference co-training model (a
+small Megatron-shaped policy worker with a draft head) that the tests drive
+the loss through.
 """
 
 from draft_loss.align import align_for_draft
 from draft_loss.context_parallel import load_balanced_positions, padded_length, shard_sequence, shift_left
-from draft_loss.cotrain import (
-    CotrainBatch,
-    CotrainConfig,
-    CotrainWorker,
-    ParallelGroups,
-    StepAbortedError,
-    StepResult,
-    full_initial_parameters,
-    parameter_layout,
-    shard_batch_for_cp,
-)
 from draft_loss.grads import (
     GROUPS,
     GradientOrderError,
@@ -36,31 +46,22 @@ from draft_loss.step_state import DraftMetrics, DraftStepState, StepOrderError, 
 
 __all__ = [
     "GROUPS",
-    "CotrainBatch",
-    "CotrainConfig",
-    "CotrainWorker",
     "DraftLossStats",
     "DraftMetrics",
     "DraftStepState",
     "GradientOrderError",
-    "ParallelGroups",
-    "StepAbortedError",
     "StepOrderError",
     "StepPhase",
-    "StepResult",
     "accumulate_main_grads",
     "align_for_draft",
     "clip_by_group_norms",
-    "full_initial_parameters",
     "group_grad_norms",
     "is_tensor_parallel",
     "load_balanced_positions",
     "padded_length",
     "parameter_group",
-    "parameter_layout",
     "projected_soft_cross_entropy",
     "scale_gradients",
-    "shard_batch_for_cp",
     "shard_sequence",
     "shift_left",
     "soft_cross_entropy",

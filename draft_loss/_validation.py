@@ -37,7 +37,7 @@ _DTYPE_CODES = {
 }
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
-# Payload layout per rank: [status, field_count, fields..., message...].
+# Payload slots per rank: [status, field_count, fields..., message...].
 _HEADER_SLOTS = 24
 _MESSAGE_SLOTS = 64
 _BYTES_PER_SLOT = 7  # keeps every slot a non-negative int64
@@ -67,7 +67,7 @@ FUNCTION_NAMES = {1: "soft_cross_entropy", 2: "projected_soft_cross_entropy"}
 
 
 @dataclass(frozen=True)
-class TokenLayout:
+class TokenInputs:
     """Validated, flattened per-token inputs shared by the plain and projected losses."""
 
     mask: torch.Tensor  # [T], compute dtype
@@ -125,7 +125,7 @@ def check_same_device(
         )
 
 
-def check_token_layout(
+def check_token_inputs(
     what: str,
     leading_shape: tuple[int, ...],
     device: torch.device,
@@ -134,17 +134,18 @@ def check_token_layout(
     bin_ids: object,
     weights: object,
     compute_dtype: torch.dtype,
-) -> TokenLayout:
+) -> TokenInputs:
     """Checks mask, bin_ids and weights against the logits' leading shape."""
-    mask_f = _check_mask(what, leading_shape, device, reference, mask, compute_dtype)
-    bins, num_bins = _check_bins(what, leading_shape, device, reference, bin_ids, weights)
-    if weights is None:
+    mask_t, mask_f = _check_mask(what, leading_shape, device, reference, mask, compute_dtype)
+    weights_t = _check_weights(what, device, reference, weights)
+    bins, num_bins = _check_bins(what, leading_shape, device, reference, bin_ids, weights_t)
+    if weights_t is None:
         weights_f = torch.ones(num_bins, dtype=compute_dtype, device=device)
     else:
         # Weights are constants of the loss: their gradient is never wanted.
-        weights_f = weights.detach().to(compute_dtype)  # type: ignore[union-attr]
+        weights_f = weights_t.detach().to(compute_dtype)
     header: Header = (
-        ("mask dtype", _DTYPE_CODES[mask.dtype]),  # type: ignore[union-attr]
+        ("mask dtype", _DTYPE_CODES[mask_t.dtype]),
         ("mask values (digest)", digest(mask_f)),
         ("bin_ids given", int(bin_ids is not None)),
         ("bin_ids values (digest)", digest(bins) if bin_ids is not None else 0),
@@ -152,7 +153,7 @@ def check_token_layout(
         ("weights given", int(weights is not None)),
         ("weights values (digest)", digest(weights_f) if weights is not None else 0),
     )
-    return TokenLayout(mask_f, bins, num_bins, weights_f, compute_dtype, header)
+    return TokenInputs(mask_f, bins, num_bins, weights_f, compute_dtype, header)
 
 
 def _check_mask(
@@ -162,7 +163,8 @@ def _check_mask(
     reference: str,
     mask: object,
     compute_dtype: torch.dtype,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask as given, and flattened in the compute dtype."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{what}: mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype not in _DTYPE_CODES:
@@ -176,17 +178,10 @@ def _check_mask(
     if mask_f.numel() and not bool((torch.isfinite(mask_f) & (mask_f >= 0)).all()):
         bad = mask_f[~(torch.isfinite(mask_f) & (mask_f >= 0))][:4].tolist()
         raise ValueError(f"{what}: mask values must be finite and >= 0, got e.g. {bad}")
-    return mask_f
+    return mask, mask_f
 
 
-def _check_bins(
-    what: str,
-    leading_shape: tuple[int, ...],
-    device: torch.device,
-    reference: str,
-    bin_ids: object,
-    weights: object,
-) -> tuple[torch.Tensor, int]:
+def _check_weights(what: str, device: torch.device, reference: str, weights: object) -> torch.Tensor | None:
     if weights is not None:
         if not isinstance(weights, torch.Tensor):
             raise TypeError(f"{what}: weights must be a torch.Tensor or None, got {type(weights).__name__}")
@@ -203,8 +198,19 @@ def _check_bins(
             raise ValueError(
                 f"{what}: weights must be finite and >= 0, got e.g. {bad} (of {weights.shape[0]} weights)"
             )
+    return weights
+
+
+def _check_bins(
+    what: str,
+    leading_shape: tuple[int, ...],
+    device: torch.device,
+    reference: str,
+    bin_ids: object,
+    weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, int]:
     if bin_ids is None:
-        num_bins = 1 if weights is None else int(weights.shape[0])  # type: ignore[union-attr]
+        num_bins = 1 if weights is None else int(weights.shape[0])
         return torch.zeros(leading_shape, dtype=torch.int64, device=device).reshape(-1), num_bins
     if not isinstance(bin_ids, torch.Tensor):
         raise TypeError(f"{what}: bin_ids must be a torch.Tensor or None, got {type(bin_ids).__name__}")
@@ -223,7 +229,7 @@ def _check_bins(
         # (e.g. so that every DP rank returns statistics of one length).
         num_bins = int(bins.max()) + 1 if bins.numel() else 1
     else:
-        num_bins = int(weights.shape[0])  # type: ignore[union-attr]
+        num_bins = int(weights.shape[0])
         if bins.numel() and int(bins.max()) >= num_bins:
             raise ValueError(
                 f"{what}: bin_ids must be < len(weights) = {num_bins}, got maximum {int(bins.max())}"
@@ -270,21 +276,22 @@ def validate_on_every_rank(
     disagree) or all return.
     """
     error: Exception | None = None
-    checked: Checked | None = None
-    header: Header = ()
+    outcome: tuple[Checked, Header] | None = None  # None: the check raised
     try:
-        checked, header = check()
+        outcome = check()
     except Exception as exc:
         error = exc
     if tp_group is None or group_size == 1:
         if error is not None:
             raise error
-        return checked  # type: ignore[return-value]
-    rows = _exchange(tp_group, group_size, _encode(error, header))
-    failure = _decide(rows, what, [name for name, _ in header])
-    if failure is not None:
-        raise failure from error
-    return checked  # type: ignore[return-value]
+    else:
+        header = () if outcome is None else outcome[1]
+        rows = _exchange(tp_group, group_size, _encode(error, header))
+        failure = _decide(rows, what, [name for name, _ in header])
+        if failure is not None:
+            raise failure from error
+    assert outcome is not None  # a rank whose check raised fails in _decide
+    return outcome[0]
 
 
 def _encode(error: Exception | None, header: Header) -> list[int]:

@@ -106,6 +106,7 @@ def shift_left(*values: torch.Tensor, cp_group: dist.ProcessGroup | None = None)
     rank = dist.get_rank(cp_group)
     heads_a = _pack([v[:, 0] for v in values], rows)
     heads_b = _pack([v[:, half] for v in values], rows)
+    assert cp_group is not None  # size > 1
     next_a, next_b = _neighbour_heads(heads_a, heads_b, cp_group, rank, size)
     # The local shift already holds the right values inside each chunk, at the
     # A/B seam of the last rank (its chunks are adjacent) and at the end of
@@ -139,6 +140,7 @@ def _neighbour_heads(
         from_right = torch.empty_like(heads_a)
         works.append(dist.irecv(from_right, group=group, group_src=rank + 1))
     for work in works:
+        assert work is not None, "isend/irecv return no Work only on a rank outside the group"
         work.wait()
     # The last rank's chunk A is followed by its own chunk B: already local.
     return from_right, from_left

@@ -42,6 +42,7 @@ GROUPS: tuple[str, ...] = ("policy", "draft")
 _GROUP_ATTR = "draft_loss_group"
 _TP_ATTR = "tensor_model_parallel"
 _DENOMINATOR_ATTR = "main_grad_denominator"
+_MAIN_GRAD_ATTR = "main_grad"  # Megatron's name, where its optimizers look
 
 
 class GradientOrderError(RuntimeError):
@@ -87,7 +88,7 @@ def is_tensor_parallel(param: torch.Tensor) -> bool:
 def zero_main_grads(params: Iterable[torch.nn.Parameter]) -> None:
     """Fresh fp32 main grads (raw, not yet normalised) and no autograd grads."""
     for p in params:
-        p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)  # type: ignore[attr-defined]
+        setattr(p, _MAIN_GRAD_ATTR, torch.zeros(p.shape, dtype=torch.float32, device=p.device))
         setattr(p, _DENOMINATOR_ATTR, None)
         p.grad = None
 
@@ -108,6 +109,19 @@ def accumulate_main_grads(params: Iterable[torch.nn.Parameter]) -> None:
         if p.grad is not None:
             main.add_(p.grad.to(torch.float32))
             p.grad = None
+
+
+def main_grad(param: torch.Tensor) -> torch.Tensor:
+    """The fp32 main grad ``zero_main_grads`` attached to ``param`` (AttributeError without one)."""
+    value: torch.Tensor = getattr(param, _MAIN_GRAD_ATTR)
+    return value
+
+
+def drop_main_grads(params: Iterable[torch.Tensor]) -> None:
+    """Removes the main grads (the step was applied or dropped); parameters without one are fine."""
+    for p in params:
+        if hasattr(p, _MAIN_GRAD_ATTR):
+            delattr(p, _MAIN_GRAD_ATTR)
 
 
 def main_grad_denominator(param: torch.Tensor) -> float | None:
@@ -224,7 +238,7 @@ def clip_by_group_norms(
 
 
 def _main_grad(param: torch.Tensor, what: str) -> torch.Tensor:
-    main = getattr(param, "main_grad", None)
+    main = getattr(param, _MAIN_GRAD_ATTR, None)
     if main is None:
         raise GradientOrderError(
             f"{what}: parameter of shape {tuple(param.shape)} has no main_grad; call zero_main_grads "

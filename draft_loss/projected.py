@@ -60,21 +60,21 @@ def projected_soft_cross_entropy(
     """
     group_size = v.check_group(tp_group, _WHAT)
 
-    def check() -> tuple[v.TokenLayout, v.Header]:
+    def check() -> tuple[v.TokenInputs, v.Header]:
         return _check_arguments(
             student_hidden, output_weight, teacher_logits, mask, token_chunk_size, bin_ids, weights
         )
 
-    layout = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
+    tokens = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
     hidden_size = student_hidden.shape[-1]
-    plan = TilePlan(layout, tp_group, group_size, token_chunk_size)
+    plan = TilePlan(tokens, tp_group, group_size, token_chunk_size)
     numerators = _ProjectedSoftCrossEntropy.apply(
         student_hidden.reshape(-1, hidden_size),
         output_weight,
         teacher_logits.detach().reshape(-1, teacher_logits.shape[-1]),
         plan,
     )
-    return DraftLossStats(numerators, bin_counts(layout), layout.weights)
+    return DraftLossStats(numerators, bin_counts(tokens), tokens.weights)
 
 
 def _check_arguments(
@@ -85,7 +85,7 @@ def _check_arguments(
     token_chunk_size: object,
     bin_ids: object,
     weights: object,
-) -> tuple[v.TokenLayout, v.Header]:
+) -> tuple[v.TokenInputs, v.Header]:
     hidden = v.check_floating("student_hidden", hidden, _WHAT)
     weight = v.check_floating("output_weight", weight, _WHAT, min_dim=2)
     teacher = v.check_floating("teacher_logits", teacher, _WHAT)
@@ -114,7 +114,7 @@ def _check_arguments(
     v.check_same_device("teacher_logits", teacher, hidden.device, "student_hidden", _WHAT)
     chunk = v.check_chunk_size(token_chunk_size, _WHAT)
     compute_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    layout = v.check_token_layout(
+    tokens = v.check_token_inputs(
         _WHAT, leading, hidden.device, "student_hidden", mask, bin_ids, weights, compute_dtype
     )
     header: v.Header = (
@@ -130,7 +130,7 @@ def _check_arguments(
         # has no backward, its peers would wait there for ever.
         (v.GRADIENTS_FIELD, int(torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad))),
     )
-    return layout, header + layout.header
+    return tokens, header + tokens.header
 
 
 class _ProjectedSoftCrossEntropy(torch.autograd.Function):
@@ -140,12 +140,12 @@ class _ProjectedSoftCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         vocab = weight.shape[0]
-        layout = plan.layout
+        tokens = plan.tokens
         tiles = plan.tiles(num_tokens)
         cached = len(tiles) == 1
         workspace_rows = num_tokens if cached else plan.block_rows(vocab)
-        workspace = Workspace(workspace_rows, vocab, layout.compute_dtype, hidden.device)
-        ce = torch.empty(num_tokens, dtype=layout.compute_dtype, device=hidden.device)
+        workspace = Workspace(workspace_rows, vocab, tokens.compute_dtype, hidden.device)
+        ce = torch.empty(num_tokens, dtype=tokens.compute_dtype, device=hidden.device)
         lse_s = torch.empty_like(ce)
         lse_z = torch.empty_like(ce)
         difference = None
@@ -160,15 +160,15 @@ class _ProjectedSoftCrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(hidden, weight, difference)
         else:
             ctx.save_for_backward(hidden, weight, teacher, lse_s, lse_z)
-        return masked_numerators(ce, layout)
+        return masked_numerators(ce, tokens)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_numerators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
         plan: TilePlan = ctx.plan
-        layout = plan.layout
-        compute = layout.compute_dtype
-        scale = token_scale(layout, grad_numerators)
+        tokens = plan.tokens
+        compute = tokens.compute_dtype
+        scale = token_scale(tokens, grad_numerators)
         if ctx.cached:
             hidden, weight, difference = ctx.saved_tensors
         else:
@@ -194,7 +194,7 @@ class _ProjectedSoftCrossEntropy(torch.autograd.Function):
             # 0): a NaN in their logits or hidden state times 0 is still NaN and
             # would spread to every row of the weight gradient.
             token_hidden = hidden[rows]
-            kept = (layout.mask[rows] != 0).nonzero().reshape(-1)
+            kept = (tokens.mask[rows] != 0).nonzero().reshape(-1)
             if kept.numel() < tile.shape[0]:
                 tile = tile.index_select(0, kept)
                 token_hidden = token_hidden.index_select(0, kept)

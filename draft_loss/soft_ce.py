@@ -123,7 +123,7 @@ def soft_cross_entropy(
     """
     group_size = v.check_group(tp_group, _WHAT)
 
-    def check() -> tuple[v.TokenLayout, v.Header]:
+    def check() -> tuple[v.TokenInputs, v.Header]:
         return _check_arguments(
             student_logits,
             teacher_logits,
@@ -134,9 +134,9 @@ def soft_cross_entropy(
             overwrite_student_with_grad,
         )
 
-    layout = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
+    tokens = v.validate_on_every_rank(tp_group, group_size, _WHAT, check)
     vocab = student_logits.shape[-1]
-    plan = TilePlan(layout, tp_group, group_size, token_chunk_size)
+    plan = TilePlan(tokens, tp_group, group_size, token_chunk_size)
     student = student_logits.reshape(-1, vocab)
     if overwrite_student_with_grad and not student.is_contiguous():
         # A view with overlapping rows (stride 0) would have gradient rows
@@ -145,7 +145,7 @@ def soft_cross_entropy(
     numerators = _SoftCrossEntropy.apply(
         student, teacher_logits.detach().reshape(-1, vocab), plan, bool(overwrite_student_with_grad)
     )
-    return DraftLossStats(numerators, bin_counts(layout), layout.weights)
+    return DraftLossStats(numerators, bin_counts(tokens), tokens.weights)
 
 
 def _check_arguments(
@@ -156,7 +156,7 @@ def _check_arguments(
     bin_ids: object,
     weights: object,
     overwrite: object,
-) -> tuple[v.TokenLayout, v.Header]:
+) -> tuple[v.TokenInputs, v.Header]:
     student = v.check_floating("student_logits", student, _WHAT)
     teacher = v.check_floating("teacher_logits", teacher, _WHAT)
     if teacher.shape != student.shape:
@@ -171,7 +171,7 @@ def _check_arguments(
     _check_overwrite(overwrite, student, teacher)
     leading = tuple(student.shape[:-1])
     compute_dtype = torch.float64 if student.dtype == torch.float64 else torch.float32
-    layout = v.check_token_layout(
+    tokens = v.check_token_inputs(
         _WHAT, leading, student.device, "student_logits", mask, bin_ids, weights, compute_dtype
     )
     header: v.Header = (
@@ -183,7 +183,7 @@ def _check_arguments(
         ("teacher_logits dtype", v.dtype_code(teacher.dtype)),
         ("token_chunk_size", chunk),
     )
-    return layout, header + layout.header
+    return tokens, header + tokens.header
 
 
 def _check_overwrite(overwrite: object, student: torch.Tensor, teacher: torch.Tensor) -> None:
@@ -233,7 +233,7 @@ class TilePlan:
     all-reduces per tile in forward, none in backward.
     """
 
-    layout: v.TokenLayout
+    tokens: v.TokenInputs
     group: dist.ProcessGroup | None
     group_size: int
     chunk: int
@@ -288,7 +288,7 @@ def tile_forward(
     workspace must then hold the whole tile. Otherwise the vocabulary work runs
     block by block through the workspace, whatever the tile size.
     """
-    compute = plan.layout.compute_dtype
+    compute = plan.tokens.compute_dtype
     rows = student.shape[0]
     # Maxima straight from the input dtype: exact, and no float32 copy needed.
     maxima = torch.stack((student.amax(dim=-1).to(compute), teacher.amax(dim=-1).to(compute)))
@@ -375,20 +375,20 @@ def zero_masked_rows(gradient: torch.Tensor, mask: torch.Tensor) -> None:
         gradient.index_fill_(0, masked, 0)
 
 
-def masked_numerators(ce: torch.Tensor, layout: v.TokenLayout) -> torch.Tensor:
-    contributions = torch.where(layout.mask != 0, layout.mask * ce, torch.zeros_like(ce))
-    numerators = torch.zeros(layout.num_bins, dtype=layout.compute_dtype, device=ce.device)
-    return numerators.index_add_(0, layout.bins, contributions)
+def masked_numerators(ce: torch.Tensor, tokens: v.TokenInputs) -> torch.Tensor:
+    contributions = torch.where(tokens.mask != 0, tokens.mask * ce, torch.zeros_like(ce))
+    numerators = torch.zeros(tokens.num_bins, dtype=tokens.compute_dtype, device=ce.device)
+    return numerators.index_add_(0, tokens.bins, contributions)
 
 
-def bin_counts(layout: v.TokenLayout) -> torch.Tensor:
-    counts = torch.zeros(layout.num_bins, dtype=layout.compute_dtype, device=layout.mask.device)
-    return counts.index_add_(0, layout.bins, layout.mask)
+def bin_counts(tokens: v.TokenInputs) -> torch.Tensor:
+    counts = torch.zeros(tokens.num_bins, dtype=tokens.compute_dtype, device=tokens.mask.device)
+    return counts.index_add_(0, tokens.bins, tokens.mask)
 
 
-def token_scale(layout: v.TokenLayout, grad_numerators: torch.Tensor) -> torch.Tensor:
+def token_scale(tokens: v.TokenInputs, grad_numerators: torch.Tensor) -> torch.Tensor:
     """d(numerators)/d(CE_t) times the upstream gradient: ``mask_t * g[bin_t]``."""
-    return layout.mask * grad_numerators.to(layout.compute_dtype)[layout.bins]
+    return tokens.mask * grad_numerators.to(tokens.compute_dtype)[tokens.bins]
 
 
 # ---------------------------------------------------------------- autograd
@@ -400,12 +400,12 @@ class _SoftCrossEntropy(torch.autograd.Function):
         ctx: Any, student: torch.Tensor, teacher: torch.Tensor, plan: TilePlan, overwrite: bool
     ) -> torch.Tensor:
         num_tokens, vocab = student.shape
-        layout = plan.layout
+        tokens = plan.tokens
         tiles = plan.tiles(num_tokens)
         cached = len(tiles) == 1
         workspace_rows = num_tokens if cached else plan.block_rows(vocab)
-        workspace = Workspace(workspace_rows, vocab, layout.compute_dtype, student.device)
-        ce = torch.empty(num_tokens, dtype=layout.compute_dtype, device=student.device)
+        workspace = Workspace(workspace_rows, vocab, tokens.compute_dtype, student.device)
+        ce = torch.empty(num_tokens, dtype=tokens.compute_dtype, device=student.device)
         lse_s = torch.empty_like(ce)
         lse_z = torch.empty_like(ce)
         difference = None
@@ -427,14 +427,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
         ctx.cached = cached
         ctx.student_dtype = student.dtype
         ctx.shape = (num_tokens, vocab)
-        return masked_numerators(ce, layout)
+        return masked_numerators(ce, tokens)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_numerators: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         plan: TilePlan = ctx.plan
-        layout = plan.layout
-        scale = token_scale(layout, grad_numerators)
+        tokens = plan.tokens
+        scale = token_scale(tokens, grad_numerators)
         num_tokens, vocab = ctx.shape
         saved = _unpack(ctx)
         if ctx.cached and ctx.overwrite:
@@ -453,9 +453,9 @@ class _SoftCrossEntropy(torch.autograd.Function):
                 gradient = student
             else:
                 gradient = torch.empty((num_tokens, vocab), dtype=ctx.student_dtype, device=student.device)
-            workspace = Workspace(plan.block_rows(vocab), vocab, layout.compute_dtype, student.device)
+            workspace = Workspace(plan.block_rows(vocab), vocab, tokens.compute_dtype, student.device)
             write_scaled_difference(student, teacher, lse_s, lse_z, scale, workspace, gradient)
-        zero_masked_rows(gradient, layout.mask)
+        zero_masked_rows(gradient, tokens.mask)
         return gradient, None, None, None
 
 

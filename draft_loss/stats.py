@@ -80,7 +80,10 @@ def _check_fields(numerators: object, counts: object, weights: object) -> None:
             )
     assert isinstance(numerators, torch.Tensor)
     assert isinstance(counts, torch.Tensor) and isinstance(weights, torch.Tensor)
-    lengths = {name: int(value.shape[0]) for name, value in named}  # type: ignore[union-attr]
+    lengths = {
+        name: int(value.shape[0])
+        for name, value in zip(("numerators", "counts", "weights"), (numerators, counts, weights))
+    }
     if len(set(lengths.values())) != 1:
         raise ValueError(
             f"DraftLossStats: numerators, counts and weights must have one length, got {lengths}"

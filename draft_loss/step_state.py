@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .grads import GradientOrderError, main_grad_denominator, parameter_group, set_main_grad_denominator
+from .grads import (
+    GradientOrderError,
+    main_grad,
+    main_grad_denominator,
+    parameter_group,
+    set_main_grad_denominator,
+)
 
 if TYPE_CHECKING:
     from .stats import DraftLossStats
@@ -72,6 +78,14 @@ class DraftMetrics:
 
 class DraftStepState:
     """Accumulates a split step's draft statistics and re-denominates draft gradients."""
+
+    _phase: StepPhase
+    _num_microbatches: int
+    _weights: torch.Tensor | None
+    _numerators: torch.Tensor | None
+    _counts: torch.Tensor | None
+    _global_counts: torch.Tensor | None
+    _global_numerators: torch.Tensor | None
 
     def __init__(self) -> None:
         self._reset()
@@ -162,7 +176,7 @@ class DraftStepState:
         return torch.cat([self._counts, self._numerators])
 
     def record_global_counts(self, reduced: torch.Tensor) -> None:
-        """Records the DP-global sums of ``contribute_counts()`` (same layout)."""
+        """Records the DP-global sums of ``contribute_counts()`` (counts, then numerators)."""
         if self._phase is StepPhase.IDLE:
             if not isinstance(reduced, torch.Tensor) or reduced.numel() != 0:
                 raise StepOrderError(
@@ -230,7 +244,7 @@ class DraftStepState:
         draft = [p for p in params if parameter_group(p) == "draft"]
         if self._phase is StepPhase.IDLE:
             carrying = [
-                p for p in draft if getattr(p, "main_grad", None) is not None and bool(p.main_grad.any())
+                p for p in draft if getattr(p, "main_grad", None) is not None and bool(main_grad(p).any())
             ]
             if carrying:
                 raise StepOrderError(
@@ -274,7 +288,7 @@ class DraftStepState:
         if policy_count > 0 and draft_count > 0:
             factor = policy_count / draft_count
         for p in draft:
-            p.main_grad.mul_(factor)
+            main_grad(p).mul_(factor)
             set_main_grad_denominator(p, draft_count)
         self._phase = StepPhase.CORRECTED
         return factor
@@ -299,11 +313,11 @@ class DraftStepState:
     def _reset(self) -> None:
         self._phase = StepPhase.IDLE
         self._num_microbatches = 0
-        self._weights: torch.Tensor | None = None
-        self._numerators: torch.Tensor | None = None
-        self._counts: torch.Tensor | None = None
-        self._global_counts: torch.Tensor | None = None
-        self._global_numerators: torch.Tensor | None = None
+        self._weights = None
+        self._numerators = None
+        self._counts = None
+        self._global_counts = None
+        self._global_numerators = None
 
     def _require(self, phase: StepPhase, what: str) -> None:
         if self._phase is phase:

@@ -4,6 +4,7 @@ import simdist
 results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
+from ._run import run
 from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
 from .errors import (
@@ -22,7 +23,6 @@ from .launch import run_processes
 from .layout import Coords, Layout
 from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
 from .retry import RetryOutcome, run_with_retry
-from .world import run
 
 __all__ = [
     "BufferOverlapError",

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._checks import is_int
+
 __all__ = ["CommCount", "CommStats"]
 
 # A tuple of the CommStats active in this thread (nested blocks all count).
@@ -158,7 +160,7 @@ class CommStats:
         problems: list[str] = []
         for what, budget in (("calls", calls), ("bytes", bytes)):
             for key, limit in (budget or {}).items():
-                if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                if not is_int(limit, 0):
                     raise ValueError(
                         f"assert_at_most: the {what} limit for {key!r} must be an int >= 0, got {limit!r}"
                     )

@@ -8,9 +8,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from ._run import run
 from .context import RankContext
 from .layout import Layout
-from .world import run
 
 HIDDEN, BATCH_PER_DP = 8, 4
 

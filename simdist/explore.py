@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .comm_stats import CommStats
-from .world import run
+from ._checks import is_int
+from ._run import RunObserver, observe, run
 
 __all__ = ["Divergence", "explore"]
 
@@ -47,16 +47,15 @@ class Divergence:
         )
 
 
-class _Records(CommStats):
+class _Records(RunObserver):
     """Keeps each run's calls per rank, in the order each rank made them."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.calls: list[tuple[Any, ...]] = []
 
-    def add_records(self, records: Any) -> None:
+    def run_ended(self, world: Any) -> None:
         per_rank: dict[int, list[tuple[Any, ...]]] = {}
-        for rec in records:
+        for rec in world.recorder.all_records():
             per_rank.setdefault(rec.rank, []).append(
                 (
                     rec.group.label,
@@ -72,7 +71,7 @@ class _Records(CommStats):
 
 def _outcome(body: Callable[..., Any], run_kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
     records = _Records()
-    with records:
+    with observe(records):
         try:
             results: Any = run(body, **run_kwargs)
         except Exception as exc:  # a failing program is an outcome too
@@ -123,9 +122,9 @@ def explore(
     world_size, args, ...). A run that raises is compared by its error's type
     and first line.
     """
-    if isinstance(schedules, bool) or not isinstance(schedules, int) or schedules < 1:
+    if not is_int(schedules, 1):
         raise ValueError(f"schedules must be a positive int, got {schedules!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     for refused in ("schedule", "schedule_seed", "seed"):
         if refused in run_kwargs:

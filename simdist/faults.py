@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._checks import is_int
 from .errors import SimulationError, UnsupportedOperationError
 from .layout import AXES, COMPOSITE_AXES, Layout
 
@@ -64,9 +65,7 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"fault kind must be one of {KINDS}, got {self.kind!r}")
-        if self.rank is not None and (
-            isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
-        ):
+        if self.rank is not None and not is_int(self.rank, 0):
             raise ValueError(f"fault rank must be a non-negative int, got {self.rank!r}")
         for axis, index in self.where:
             if axis not in AXES or not isinstance(index, int) or index < 0:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ._checks import is_int
+
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 # Composite groups: the axes that vary inside one group.
 COMPOSITE_AXES: dict[str, tuple[str, ...]] = {
@@ -38,7 +40,7 @@ class Layout:
     def __post_init__(self) -> None:
         for axis in AXES:
             size = getattr(self, axis)
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            if not is_int(size, 1):
                 raise ValueError(f"Layout.{axis} must be a positive int, got {size!r} ({self._describe()})")
         product = self.tp * self.cp * self.dp * self.pp
         if self.world_size is None:
@@ -89,7 +91,7 @@ class Layout:
         given = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
         for axis, index in given.items():
             size = getattr(self, axis)
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+            if not is_int(index, 0, size):
                 raise ValueError(f"{axis} index must be an int in [0, {size}), got {index!r}")
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
 
@@ -143,7 +145,7 @@ class Layout:
         return sorted(ranks)
 
     def _check_rank(self, rank: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:  # type: ignore[operator]
+        if not is_int(rank, 0, self.world_size):
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
 
     def __str__(self) -> str:

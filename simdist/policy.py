@@ -10,6 +10,8 @@ import heapq
 import random
 from collections.abc import Callable
 
+from ._checks import is_int
+
 SCHEDULES = ("rank", "random", "concurrent")
 
 
@@ -82,7 +84,7 @@ def make_policy(schedule: str, seed: int) -> Policy | None:
     """The policy for ``schedule`` (None: every rank runs at once, unscheduled)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_int(seed):
         raise TypeError(f"schedule_seed must be an int, got {type(seed).__name__}")
     if schedule == "rank":
         return RankOrder()

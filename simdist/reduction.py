@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ._checks import is_int
 from .errors import UnsupportedOperationError
 
 _INTEGER_ONLY = ("BAND", "BOR", "BXOR")
@@ -180,7 +181,7 @@ class Shuffled(ReductionModel):
     name = "shuffled"
 
     def __init__(self, seed: int = 0) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_int(seed):
             raise TypeError(f"Shuffled(seed) needs an int seed, got {seed!r}")
         self.seed = seed
 

@@ -6,9 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._checks import is_int
+from ._run import run
 from .errors import SimulationError
 from .faults import FaultPlan
-from .world import run
 
 
 @dataclass
@@ -37,7 +38,7 @@ def run_with_retry(
     equals a clean run is the point. Raises the last error when every attempt
     failed.
     """
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    if not is_int(retries, 0):
         raise ValueError(f"retries must be a non-negative int, got {retries!r}")
     errors: list[SimulationError] = []
     for attempt in range(retries + 1):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
+from ._checks import is_int
 from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from .layout import AXES, Layout
 
@@ -69,7 +70,7 @@ def layouts(
     axes can make (small worlds as often as large ones), then one of its
     factorisations over ``axes``, uniformly; so every axis has the same
     distribution of degrees, whatever its place in ``axes``
-    (tests/test_strategies_fuzz.py measures it). Pass
+    (tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
     ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
     towards a single rank, then towards the smallest degrees, first axis first."""
     for axis in axes:
@@ -161,7 +162,7 @@ def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[lis
     shifted token left), or random; with ``fractional`` the valid tokens of a
     row may carry a weight other than 1 (random rows also mix values). Shrinks
     towards a fully valid 0/1 row."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+    if not is_int(seq_len, 1):
         raise ValueError(f"mask_rows: seq_len must be a positive int, got {seq_len!r}")
     return _mask_row(seq_len, fractional)
 
@@ -204,7 +205,7 @@ def token_distributions(
     towards one row per microbatch, fully valid 0/1 masks.
     """
     for name, value, low in (("ranks", ranks, 1), ("microbatches", microbatches, 1), ("seq_len", seq_len, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value, low):
             raise ValueError(f"token_distributions: {name} must be an int >= {low}, got {value!r}")
     low_rows, high_rows = rows_per_microbatch
     if not 1 <= low_rows <= high_rows:
@@ -303,7 +304,7 @@ def faults(
     abort, so "retry equals a clean run" does not apply to it (pass
     ``kinds=KINDS`` to draw it too). A fault whose call never comes does not
     fire. Shrinks towards a crash of rank 0 at its first all_reduce."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not is_int(world_size, 1):
         raise ValueError(f"faults: world_size must be a positive int, got {world_size!r}")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
@@ -370,6 +371,6 @@ def probe_faults(points: Sequence[str], world_size: int) -> st.SearchStrategy[Pr
     """A probe point (from ``points``, listed simplest first) and a rank."""
     if not points:
         raise ValueError("probe_faults: need at least one probe point")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not is_int(world_size, 1):
         raise ValueError(f"probe_faults: world_size must be a positive int, got {world_size!r}")
     return st.builds(ProbeFault, st.sampled_from(tuple(points)), st.integers(0, world_size - 1))

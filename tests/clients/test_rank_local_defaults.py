@@ -241,7 +241,7 @@ def test_a_world_that_fails_to_build_removes_the_import_hook(tmp_path, monkeypat
     def refuse(*args, **kwargs):
         raise MemoryError("no scheduler today")
 
-    monkeypatch.setattr(simdist.world, "Scheduler", refuse)
+    monkeypatch.setattr(simdist._run.world, "Scheduler", refuse)
     with pytest.raises(MemoryError, match="no scheduler today"):
         simdist.run(late_import_body, world_size=2, args=(name,), timeout=TIMEOUT)
     assert defaults._fresh_globals not in sys.meta_path

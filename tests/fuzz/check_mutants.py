@@ -32,7 +32,7 @@ ORDER = (
 
 
 def _one(mutant: str, examples: int, seed: int) -> dict[str, object]:
-    for folder in (HERE, HERE.parent):
+    for folder in (HERE, HERE.parent / "support"):
         sys.path.insert(0, str(folder))
     from hypothesis import HealthCheck, Phase, settings
 

@@ -22,7 +22,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 _HERE = Path(__file__).resolve().parent
-for _folder in (_HERE, _HERE.parent):
+# This folder is also a campaign target run outside the suite's pytest config
+# (`simdist replay`, campaign workers), so it puts its own imports on the path.
+for _folder in (_HERE, _HERE.parent / "support"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

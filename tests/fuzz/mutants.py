@@ -19,8 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from draft_loss import _sgd, cotrain, grads, soft_ce, stats, step_state
 from draft_loss import _validation as validation
+from draft_loss import grads, soft_ce, stats, step_state
+from draft_loss.cotrain import agreement, batch, commit, model, sgd, worker
 
 Undo = Callable[[], None]
 MUTANTS: dict[str, Callable[[], Undo]] = {}
@@ -91,11 +92,11 @@ def numerators_in_bf16() -> Undo:
     """Per-bin numerators are accumulated in bfloat16 (an autocast-style
     "save memory" change): each token's contribution is rounded to 8 bits."""
 
-    def masked_numerators(ce, layout):
-        contributions = torch.where(layout.mask != 0, layout.mask * ce, torch.zeros_like(ce))
-        numerators = torch.zeros(layout.num_bins, dtype=torch.bfloat16, device=ce.device)
-        numerators.index_add_(0, layout.bins, contributions.to(torch.bfloat16))
-        return numerators.to(layout.compute_dtype)
+    def masked_numerators(ce, tokens):
+        contributions = torch.where(tokens.mask != 0, tokens.mask * ce, torch.zeros_like(ce))
+        numerators = torch.zeros(tokens.num_bins, dtype=torch.bfloat16, device=ce.device)
+        numerators.index_add_(0, tokens.bins, contributions.to(torch.bfloat16))
+        return numerators.to(tokens.compute_dtype)
 
     return _patch((soft_ce, "masked_numerators", masked_numerators))
 
@@ -104,13 +105,13 @@ def numerators_in_bf16() -> Undo:
 def teacher_not_aligned() -> Undo:
     """The mask is rolled left for the draft but the teacher logits are not:
     draft position t learns the policy's distribution at t instead of t+1."""
-    original = cotrain.align_for_draft
+    original = model.align_for_draft
 
     def align(teacher_logits, token_mask):
         _, mask = original(teacher_logits, token_mask)
         return teacher_logits.detach(), mask
 
-    return _patch((cotrain, "align_for_draft", align))
+    return _patch((model, "align_for_draft", align))
 
 
 @_mutant
@@ -134,14 +135,14 @@ def counts_before_alignment() -> Undo:
     """The monolithic path's draft counts are taken from the mask and bins
     before the alignment roll (``mask`` instead of ``mask[:, 1:]``)."""
 
-    def draft_counts(self, batch):
+    def draft_counts(self, local_batch):
         return torch.bincount(
-            batch.bin_ids.reshape(-1),
-            weights=batch.mask.reshape(-1).to(torch.float64),
+            local_batch.bin_ids.reshape(-1),
+            weights=local_batch.mask.reshape(-1).to(torch.float64),
             minlength=self.config.num_bins,
         ).to(torch.float64)
 
-    return _patch((cotrain.CotrainWorker, "_draft_counts", draft_counts))
+    return _patch((worker.CotrainWorker, "_draft_counts", draft_counts))
 
 
 @_mutant
@@ -215,14 +216,14 @@ def grad_norm_without_pp_reduction() -> Undo:
     def norms(params, *, tp_group, pp_group, **rest):
         return original(params, tp_group=tp_group, pp_group=None, **rest)
 
-    return _patch((cotrain._grads, "group_grad_norms", norms))
+    return _patch((grads, "group_grad_norms", norms))
 
 
 @_mutant
 def dp_gradients_averaged() -> Undo:
     """The DP gradient all-reduce averages (DDP's default) while the loss is
     already normalised by the DP-global count: gradients shrink by 1/dp."""
-    original = cotrain.CotrainWorker._all_reduce_gradients
+    original = worker.CotrainWorker._all_reduce_gradients
 
     def all_reduce(self, params):
         original(self, params)
@@ -230,7 +231,7 @@ def dp_gradients_averaged() -> Undo:
         for p in params:
             p.main_grad.div_(dp)
 
-    return _patch((cotrain.CotrainWorker, "_all_reduce_gradients", all_reduce))
+    return _patch((worker.CotrainWorker, "_all_reduce_gradients", all_reduce))
 
 
 @_mutant
@@ -243,20 +244,20 @@ def clip_by_global_norm() -> Undo:
         total = torch.sqrt(sum(value.to(torch.float64) ** 2 for value in norms.values()))
         return original(params, {name: total for name in norms}, max_norms, eps)
 
-    return _patch((cotrain, "clip_by_group_norms", clip))
+    return _patch((commit, "clip_by_group_norms", clip))
 
 
 @_mutant
 def last_microbatch_dropped() -> Undo:
     """Off by one in the accumulation loop: the split step skips its last
     microbatch (the monolithic step, and the counts, still see every row)."""
-    original = cotrain._split_batch
+    original = worker.split_batch
 
-    def split(batch, parts):
-        pieces = original(batch, parts)
+    def split(whole, parts):
+        pieces = original(whole, parts)
         return pieces[:-1] if len(pieces) > 1 else pieces
 
-    return _patch((cotrain, "_split_batch", split))
+    return _patch((worker, "split_batch", split))
 
 
 # ------------------------------------------------------------ abort and retry
@@ -293,9 +294,9 @@ def optimizer_not_transactional() -> Undo:
             buffer = update if previous is None else self.momentum * previous + update
             self.buffers[name] = buffers[name] = buffer  # the bug: stored before the commit
             values[name] = param - self.lr * buffer
-        return _sgd.PreparedStep(values, buffers)
+        return sgd.PreparedStep(values, buffers)
 
-    return _patch((_sgd.MomentumSGD, "prepare", prepare))
+    return _patch((sgd.MomentumSGD, "prepare", prepare))
 
 
 @_mutant
@@ -303,11 +304,11 @@ def validation_not_agreed() -> Undo:
     """``train_step`` raises a rank's own argument error before the ranks agree:
     peers of a rank with a bad batch wait for it in their first collective."""
 
-    def validate(self, batch, mode, num_microbatches):
-        cotrain._check_arguments(batch, mode, num_microbatches, self.config)
-        self._agree(True)
+    def validate(self, step_batch, mode, num_microbatches):
+        batch.check_step_arguments(step_batch, mode, num_microbatches, self.config)
+        agreement.all_ranks_ok(True)
 
-    return _patch((cotrain.CotrainWorker, "_validate", validate))
+    return _patch((worker.CotrainWorker, "_validate", validate))
 
 
 # ------------------------------------------------------------------- applying

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 # Replay imports this file by path: make its helpers importable without pytest.
-for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "support"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "support"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
@@ -120,21 +120,26 @@ def test_a_replayed_case_fails_under_a_mutant() -> None:
 
 @pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
 def test_each_mutant_changes_draft_loss_and_its_undo_restores_it(name: str) -> None:
-    from draft_loss import _sgd, cotrain, grads, soft_ce, stats, step_state
+    from draft_loss import grads, soft_ce, stats, step_state
+    from draft_loss.cotrain import agreement, batch, commit, model, sgd, worker
 
     modules = (
-        _sgd,
-        cotrain,
+        agreement,
+        batch,
+        commit,
+        model,
+        sgd,
+        worker,
         grads,
         soft_ce,
         stats,
         step_state,
         soft_ce.v,
-        cotrain.CotrainWorker,
+        worker.CotrainWorker,
         soft_ce.TilePlan,
         stats.DraftLossStats,
         step_state.DraftStepState,
-        _sgd.MomentumSGD,
+        sgd.MomentumSGD,
     )
 
     def state() -> list[dict]:

@@ -3,7 +3,7 @@ FaultPlan that never fires, and the last one's cases hang. A campaign must
 name the leak and the unfired plan, and report the hang as a failure with
 its case (never exit 0).
 
-Not collected by the normal test run; tests/test_fuzz_user_path.py fuzzes it.
+Not collected by the normal test run; tests/fuzz_runner/test_fuzz_user_path.py fuzzes it.
 The hanging property comes last in the file, so the others' first rounds run
 before it stops the worker.
 """

@@ -1,0 +1,86 @@
+"""What a run returns or raises, decided from what happened (never from
+which thread got somewhere first)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ..errors import CollectiveMismatchError, DeadlockError, RankError, SimulationError, SimulationTimeout
+
+if TYPE_CHECKING:
+    from .world import World
+
+
+def _fail(
+    error: SimulationError,
+    failures: dict[int, BaseException],
+    results: list[Any],
+    cause: BaseException | None = None,
+) -> NoReturn:
+    if not isinstance(error, RankError):
+        error.failures = failures  # type: ignore[attr-defined]
+    error.results = results  # type: ignore[attr-defined]
+    raise error from cause
+
+
+def outcome(
+    world: World,
+    results: list[Any],
+    failures: dict[int, BaseException],
+    timed_out: str | None,
+    trace_error: BaseException | None = None,
+) -> list[Any]:
+    """In order: a deadlock, a collective mismatch (both even when every rank
+    caught them), the watchdog, rank failures (the lowest failed rank is the
+    cause), calls left incomplete. Every error carries ``results``: what each
+    rank returned (None if it raised)."""
+    sched = world.scheduler
+    note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
+    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
+    watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
+
+    if sched.deadlock is not None:
+        _fail(DeadlockError(f"{sched.deadlock}{watchdog}\n{tail}{note}"), failures, results, sched.deadlock)
+    mismatch = next((e for _, e in sched.recorded if isinstance(e, CollectiveMismatchError)), None)
+    if mismatch is not None:
+        _fail(CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail}{note}"), failures, results, mismatch)
+    if timed_out is not None:
+        _fail(SimulationTimeout(f"{timed_out}\n{tail}{note}"), failures, results)
+    _raise_rank_failures(world, results, failures, tail + note)
+    leftovers = sched.leftovers()
+    if leftovers is not None:
+        _fail(DeadlockError(f"every rank returned, but {leftovers}\n{tail}{note}"), failures, results)
+    return results
+
+
+def _raise_rank_failures(
+    world: World, results: list[Any], failures: dict[int, BaseException], tail: str
+) -> None:
+    """A ``RankError`` for the ranks that failed of their own accord or caught
+    a simdist error and went on; peers released by a failure are listed."""
+    sched = world.scheduler
+    own = {r: e for r, e in failures.items() if r not in sched.released}
+    caught: dict[int, BaseException] = {}
+    for r, e in sched.recorded:  # simdist errors a rank caught and went on from
+        if r not in failures and r not in caught:
+            caught[r] = e
+    if own or caught:
+        lines = []
+        for r in sorted({**own, **caught}):
+            if r in own:
+                lines.append(f"rank {r} ({world.describe_rank(r)}) failed: {type(own[r]).__name__}: {own[r]}")
+            else:
+                lines.append(
+                    f"rank {r} ({world.describe_rank(r)}) caught {type(caught[r]).__name__} and "
+                    f"went on (a failure all the same): {caught[r]}"
+                )
+        released = sorted(sched.released)
+        if released:
+            lines.append(f"released from waits by the failure: rank(s) {released}")
+        lines.append(tail)
+        everything = {**caught, **own}
+        _fail(
+            RankError("\n".join(lines), everything, released), failures, results, everything[min(everything)]
+        )
+    if failures:  # only released ranks: cannot happen, but never return silently
+        _fail(RankError(f"rank(s) {sorted(failures)} failed\n{tail}", failures), failures, results)

@@ -1,0 +1,188 @@
+"""``simdist.run``: one thread per rank, joined before returning, errors gathered.
+
+Structured like a nursery: every thread started here is joined (or, for a rank
+stuck in plain compute past the watchdog, interrupted and then joined) before
+``run`` returns or raises, and the first failure is never swallowed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .. import c10d_state, helpers
+from ..backend import register_backend
+from ..errors import SimulationError
+from ..faults import FaultPlan
+from ..layout import Layout
+from ..rank_state import resume_process, suspend_process
+from ..reduction import ReductionModel
+from ..spawn import TreeStart
+from ..trace import DEFAULT_RECORDS
+from . import watchdog
+from .observers import RunObserver, observers_for, tell_ended
+from .options import DEFAULT_TIMEOUT_S, RunOptions
+from .outcome import outcome
+from .rank import RankThreads, rank_inputs
+from .world import World
+
+
+def run(
+    fn: Callable[..., Any],
+    *,
+    layout: Layout | None = None,
+    world_size: int | None = None,
+    device: str | torch.device = "cpu",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    reduction: str | ReductionModel = "rank",
+    seed: int = 0,
+    faults: FaultPlan | None = None,
+    trace: str | os.PathLike[str] | None = None,
+    flight_records: int = DEFAULT_RECORDS,
+    attempt: int = 0,
+    schedule: str = "rank",
+    schedule_seed: int | None = None,
+    rank_local: Sequence[Any] = (),
+    share_args: bool = False,
+    strict_call_sites: bool = False,
+) -> list[Any]:
+    """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
+
+    Returns the per-rank results, indexed by global rank. Raises ``RankError``
+    when a rank raised (``__cause__`` is the lowest failed rank's error),
+    ``DeadlockError`` when some waiting ranks could never complete,
+    ``CollectiveMismatchError`` when members of a group called different
+    collectives (both even if every rank caught them), ``SimulationTimeout``
+    when ranks were still running after ``timeout`` seconds (a positive,
+    finite number).
+
+    ``reduction`` picks the reduction-order model ("rank", "ring", "tree",
+    "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
+    ``trace`` writes a Chrome/Perfetto trace of every call to that path;
+    ``flight_records`` is how many recent calls per rank errors quote.
+
+    One rank runs at a time: it holds the run token until it blocks in simdist
+    (a collective, P2P or store wait) or returns; ``schedule`` picks who runs
+    next: "rank" (the lowest runnable rank), "random" (seeded by
+    ``schedule_seed``, default ``seed``), or "concurrent" (every rank at once,
+    no per-rank process state). Scheduled, each rank has its own torch,
+    ``random`` and numpy generator state and its own copy of every
+    ``rank_local`` entry (a module, its name, or an ``(object, "attr")`` pair),
+    all starting from their values at run start and put back when it ends.
+    ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
+    unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
+    ``strict_call_sites=True`` makes members that meet at one sequence number
+    from different lines of code a ``CollectiveMismatchError``.
+    """
+    # The watchdog's clock starts now: building inputs and starting threads count.
+    called_at = time.monotonic()
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    options = RunOptions(
+        layout=layout,
+        world_size=world_size,
+        device=device,
+        timeout=timeout,
+        reduction=reduction,
+        seed=seed,
+        faults=faults,
+        trace=trace,
+        flight_records=flight_records,
+        attempt=attempt,
+        schedule=schedule,
+        schedule_seed=schedule_seed,
+        rank_local=rank_local,
+        share_args=share_args,
+        strict_call_sites=strict_call_sites,
+    )
+    return run_with_options(fn, options, args, kwargs, called_at=called_at)
+
+
+_run_counter = itertools.count(1)
+
+
+def run_with_options(
+    fn: Callable[..., Any],
+    options: RunOptions,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    called_at: float | None = None,
+) -> list[Any]:
+    """``simdist.run`` with its options already built (the pytest marker's way in)."""
+    called_at = time.monotonic() if called_at is None else called_at
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    devices = options.devices()
+    inputs = rank_inputs(tuple(args), dict(kwargs or {}), options.size, options.share_args)
+    observers = observers_for(options)
+    # A rank that starts a run of its own (nested) lets that run's ranks
+    # execute, and its world take the caller's state, while it waits.
+    suspended = suspend_process()
+    try:
+        world = World(options, keep_all_records=any(o.keeps_all_records for o in observers))
+    except BaseException:
+        resume_process(suspended)
+        raise
+    world.deadline = called_at + options.timeout
+    run_name = f"simdist.run #{next(_run_counter)} (body {getattr(fn, '__qualname__', repr(fn))})"
+    register_backend()
+    ranks = RankThreads(world, fn, inputs, devices, c10d_state.new_run_id())
+    c10d_state.install()
+    helpers.install()
+    try:
+        timed_out = _start_and_join(ranks, world.deadline)
+    finally:
+        observer_error = _tear_down(world, suspended, run_name, observers)
+    results = outcome(world, ranks.results, ranks.failures, timed_out, observer_error)
+    if observer_error is not None:
+        raise observer_error
+    return results
+
+
+def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
+    """Start every rank thread, join them by the deadline; the watchdog's report, if it fired."""
+    world = ranks.world
+    starter = TreeStart(world.world_size, ranks.main, lambda r: f"simdist-rank-{r}")
+    threads = starter.threads
+    for t, done in zip(threads, ranks.exited):
+        t.simdist_exited = done  # type: ignore[attr-defined]
+        t._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
+    try:
+        starter.start()
+        ranks.go.set()
+        world.scheduler.begin()
+        return watchdog.join_all(threads, world, deadline, world.timeout)
+    except BaseException as exc:
+        # Ctrl-C (or any error) in the caller: take the ranks down before
+        # the per-thread c10d state is removed from under them.
+        ranks.go.set()
+        still = watchdog.interrupt(threads, world, SimulationError("run() was interrupted"))
+        if still and hasattr(exc, "add_note"):
+            exc.add_note(watchdog.stuck_report(still, "run() was interrupted"))
+        raise
+
+
+def _tear_down(world: World, suspended: Any, run_name: str, observers: list[RunObserver]) -> OSError | None:
+    """Give the caller its process back, close the world, tell the observers."""
+    if world.states is not None:
+        world.states.restore_caller()
+    resume_process(suspended)
+    helpers.uninstall()
+    c10d_state.uninstall()
+    # A group object can outlive its run (returned from the body, kept in a
+    # global): calls on it must fail at once, not wait for ranks that are gone.
+    world.scheduler.close(
+        SimulationError(
+            f"this process group belongs to {run_name}, which has already ended: a group "
+            f"can only be used inside the run that created it"
+        )
+    )
+    return tell_ended(observers, world)

@@ -1,0 +1,103 @@
+"""The World: the shared state of one simulation (implements ``backend.WorldHooks``).
+
+It owns the scheduler, the store, the per-rank process states, the flight
+recorder, the fault state and the registry of process groups; the per-call
+hooks (faults, fingerprints) come from ``CallHooks``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ..errors import CollectiveMismatchError
+from ..faults import FaultState
+from ..policy import make_policy
+from ..rank_state import RankStates, release_process
+from ..rendezvous import GroupInfo, Scheduler
+from ..store import RankStore
+from ..trace import Recorder
+from .calls import CallHooks
+from .options import RunOptions
+
+
+class World(CallHooks):
+    """One simulation's shared state, built from validated ``RunOptions``."""
+
+    def __init__(self, options: RunOptions, keep_all_records: bool = False) -> None:
+        self.options = options
+        self.layout = options.layout
+        self.world_size = n = options.size
+        self.reduction = options.reduction_model()
+        self.timeout = options.timeout
+        self.deadline = time.monotonic() + options.timeout  # the watchdog's; the run sets it from its call
+        self.recorder = Recorder(n, keep=options.flight_records, keep_all=keep_all_records)
+        self.faults = FaultState(options.faults, options.layout, n) if options.faults else None
+        policy = make_policy(options.schedule, options.policy_seed)
+        # Unscheduled, every rank shares the process's state as it always did.
+        self.states = RankStates(n, options.rank_local) if policy is not None else None
+        try:
+            self.scheduler = Scheduler(
+                n,
+                self.describe_rank,
+                self._on_done,
+                policy,
+                self._resume if self.states else lambda rank: None,
+                release_process,
+            )
+            self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
+            self.store.set_timeout(timedelta(seconds=options.timeout))
+        except BaseException:
+            # The run never gets to restore them: undo what RankStates set up
+            # (its import hook for modules first imported during a run).
+            if self.states is not None:
+                self.states.restore_caller()
+            raise
+        self._groups: dict[str, GroupInfo] = {}
+        self._groups_lock = threading.Lock()
+        # The world group's global -> group rank map, the identity: one for
+        # every rank instead of a copy each (O(world) memory per rank).
+        self.world_rank_map = {r: r for r in range(n)}
+        # Exceptions that escaped a rank's helper threads, per rank: the rank
+        # fails with the first once its body has returned (never swallowed).
+        self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}
+
+    def helper_failed(self, rank: int, name: str, exc: BaseException) -> None:
+        with self._groups_lock:
+            self.helper_failures.setdefault(rank, []).append((name, exc))
+
+    def _resume(self, rank: int) -> None:
+        assert self.states is not None
+        self.states.switch_to(rank, lambda: self.scheduler.aborted)
+
+    def describe_rank(self, rank: int) -> str:
+        if self.layout is None:
+            return f"rank {rank} of {self.world_size}"
+        c = self.layout.coords(rank)
+        return f"tp={c.tp} cp={c.cp} dp={c.dp} pp={c.pp}"
+
+    # -- groups -------------------------------------------------------------
+
+    def register_group(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo:
+        with self._groups_lock:
+            info = self._groups.get(name)
+            if info is None:
+                label = "world" if ranks == tuple(range(self.world_size)) and name == "0" else f"group {name}"
+                info = GroupInfo(name, ranks, label)
+                self._groups[name] = info
+            elif info.ranks != ranks:
+                error = CollectiveMismatchError(
+                    f"rank {rank} created group {name!r} with ranks {list(ranks)}, but a peer "
+                    f"created it with ranks {list(info.ranks)}: every member must call "
+                    f"new_group with the same ranks, in the same order"
+                )
+                self.scheduler.record(rank, error)
+                raise error
+            return info
+
+    def label_group(self, name: str, label: str) -> None:
+        with self._groups_lock:
+            self._groups[name].label = label

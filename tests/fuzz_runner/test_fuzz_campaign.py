@@ -1,0 +1,274 @@
+"""``simdist fuzz`` / ``simdist replay`` end to end, on small targets with known answers.
+
+The targets live in tests/fuzz_targets/ (not collected by the normal run). Each
+campaign runs as its own process, as users run it, with a short budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = "tests/fuzz_targets/toy_properties.py"
+BUGGY = f"{TOY}::test_buggy_sum_matches_builtin"
+CLEAN = f"{TOY}::test_sorted_is_ordered"
+
+
+def simdist_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240.0
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "simdist.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def fuzz(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
+    report = tmp_path / "report.json"
+    proc = simdist_cli("fuzz", "--report", str(report), *args, env=env)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return proc, data
+
+
+def test_a_planted_bug_is_found_shrunk_written_and_replayed(tmp_path):
+    corpus = tmp_path / "corpus"
+    junit = tmp_path / "junit.xml"
+    proc, report = fuzz(
+        tmp_path,
+        "--budget",
+        "20",
+        "--seed",
+        "3",
+        "-x",
+        "--database",
+        "none",
+        "--corpus",
+        str(corpus),
+        "--junit",
+        str(junit),
+        BUGGY,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [failure] = report["failures"]
+    assert failure["property"] == BUGGY
+    assert failure["error_type"] == "AssertionError"
+    # buggy_sum drops the 4th element: the minimal counterexample is three zeros and a one.
+    assert failure["case"] == {"values": [0, 0, 0, 1]}
+    assert 'shrunk case: {"values": [0, 0, 0, 1]}' in proc.stderr
+    [written] = corpus.glob("*.json")
+    case = json.loads(written.read_text())
+    assert case["target"] == BUGGY and case["case"] == {"values": [0, 0, 0, 1]}
+    assert case["error"]["type"] == "AssertionError" and case["found"]["campaign_seed"] == 3
+    suite = ET.parse(junit).getroot()
+    assert suite.get("failures") == "1"
+
+    still = simdist_cli("replay", str(written))
+    assert still.returncode == 1 and "FAILS" in still.stdout and "buggy_sum(0, 0, 0, 1)" in still.stdout
+    fixed = simdist_cli("replay", str(corpus), env={"TOY_FIXED": "1"})
+    assert fixed.returncode == 0 and "1 pass, 0 still fail" in fixed.stdout
+
+
+def test_a_clean_target_exits_0_with_coverage_and_progress(tmp_path):
+    proc, report = fuzz(tmp_path, "--budget", "3", "--seed", "1", "--database", "none", "--no-corpus", CLEAN)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["failures"] == [] and report["exit_code"] == 0
+    assert report["properties"] == [CLEAN]
+    assert report["cases_by_property"][CLEAN] == report["cases"] > 0
+    assert set(report["coverage"]["length"]) <= {str(n) for n in range(9)}
+    assert "failures: none" in proc.stderr and "coverage (cases per value)" in proc.stderr
+    assert "fuzz " in proc.stderr and "cases " in proc.stderr  # the progress line
+
+
+def test_workers_share_the_example_database_so_a_known_failure_replays_first(tmp_path):
+    db = tmp_path / "db"
+    # Both properties: a worker that starts after its peer found the bug still has one to fuzz.
+    first, report1 = fuzz(
+        tmp_path,
+        "--budget",
+        "3",
+        "--seed",
+        "5",
+        "--workers",
+        "2",
+        "--database",
+        str(db),
+        "--no-corpus",
+        BUGGY,
+        CLEAN,
+    )
+    assert first.returncode == 1, first.stderr
+    assert len(report1["failures"]) == 1 and report1["failures"][0]["case"] == {"values": [0, 0, 0, 1]}
+    assert set(report1["cases_by_worker"]) == {"0", "1"}, "both workers fuzzed"
+    assert any(db.rglob("*")), "the failure was not saved to the shared database"
+    second, report2 = fuzz(
+        tmp_path, "--budget", "20", "--seed", "6", "-x", "--database", str(db), "--no-corpus", BUGGY
+    )
+    assert second.returncode == 1
+    # A fresh seed, but the database hands the saved failure back before any search.
+    assert report2["failures"][0]["cases_before_first_failure"] == 0
+    assert report2["failures"][0]["case"] == report1["failures"][0]["case"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "0", CLEAN], "--budget"),
+        (["--budget", "1", "tests/fuzz_targets/missing.py"], "does not exist"),
+        (["--budget", "1", "--workers", "0", CLEAN], "--workers"),
+        (["--budget", "1", "--database", "python:nowhere_module:db", CLEAN], "cannot load"),
+        (["--budget", "1", "--report", "no/such/dir/r.json", CLEAN], "does not exist"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_clear_message(args, message):
+    proc = simdist_cli("fuzz", "--no-corpus", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("tests/fuzz_targets/no_properties.py", "no Hypothesis property"),
+        ("tests/fuzz_targets/broken_import.py", "could not collect the target"),
+    ],
+)
+def test_targets_that_cannot_be_fuzzed_are_target_errors(tmp_path, target, message):
+    proc, report = fuzz(tmp_path, "--budget", "2", "--database", "none", "--no-corpus", target)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert report["problems"] and "crash" not in " ".join(report["problems"])
+
+
+def test_a_dying_worker_is_a_crash_not_a_property_failure(tmp_path):
+    proc, report = fuzz(
+        tmp_path, "--budget", "2", "--database", "none", "--no-corpus", "tests/fuzz_targets/dying_worker.py"
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert report["failures"] == []
+    assert any(p.startswith("crash: worker 0 died") for p in report["problems"])
+
+
+def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "simdist.cli",
+            "fuzz",
+            "--budget",
+            "300",
+            "--workers",
+            "2",
+            "--database",
+            "none",
+            "--no-corpus",
+            "--report",
+            str(report),
+            CLEAN,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Wait until the workers have started fuzzing (their event files grow).
+    deadline = time.monotonic() + 120
+    runs = ROOT / ".simdist" / "fuzz-runs"
+    while time.monotonic() < deadline:
+        logs = (
+            [p for p in runs.glob(f"*-{proc.pid}/worker-*.jsonl") if p.stat().st_size > 0]
+            if runs.exists()
+            else []
+        )
+        if len(logs) == 2:
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("the workers never started")
+    run_dir = logs[0].parent
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted (Ctrl-C)" in err and "cases" in err
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == 130
+    # Every worker's event stream ends: they were stopped, not left running.
+    pids = [
+        json.loads(line)["pid"]
+        for p in run_dir.glob("worker-*.jsonl")
+        for line in p.read_text().splitlines()
+        if '"e": "start"' in line
+    ]
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_failure_still_shrinking_when_time_is_up_is_reported_unshrunk(tmp_path):
+    target = "tests/fuzz_targets/slow_shrink.py"
+    # The grace period must outlast a worker's start-up on a loaded machine
+    # (else it is killed before its first case), yet stop the long shrink.
+    proc, report = fuzz(
+        tmp_path,
+        "--budget",
+        "1",
+        "--grace",
+        "10",
+        "--seed",
+        "2",
+        "--database",
+        "none",
+        "--corpus",
+        str(tmp_path / "corpus"),
+        target,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [failure] = report["failures"]
+    assert failure["shrunk"] is False and failure["error_type"] == "AssertionError"
+    assert sum(failure["case"]["values"]) > 0  # a real failing case, written and replayable
+    assert "stopped before shrinking finished" in proc.stderr
+    assert len(list((tmp_path / "corpus").glob("*.json"))) == 1
+
+
+def test_without_the_test_extras_the_commands_say_what_to_install():
+    code = (
+        "import sys; sys.modules['hypothesis'] = None; from simdist.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    for command in (["fuzz", "--budget", "1"], ["replay", "x.json"]):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *command], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "needs Hypothesis and pytest" in proc.stderr and "simdist[test]" in proc.stderr
+
+
+def test_replay_rejects_unusable_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    proc = simdist_cli("replay", str(bad))
+    assert proc.returncode == 2 and "not a readable JSON case file" in proc.stdout
+    other = tmp_path / "other.json"
+    other.write_text(
+        json.dumps({"format": "simdist-fuzz-case/1", "target": "tests/nowhere.py::test_x", "case": {}})
+    )
+    proc = simdist_cli("replay", str(other))
+    assert proc.returncode == 2 and "not found" in proc.stdout
