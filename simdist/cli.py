@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo_p.add_argument("--layout", type=_layout, default=None, help="e.g. tp=2,dp=2,pp=2")
     # The fuzz commands need Hypothesis and pytest (test extras): imported only when asked for.
     if len(argv_list) >= 1 and argv_list[0] in ("fuzz", "replay"):
+        # `python -m simdist` puts the current directory first on sys.path and
+        # the console script does not: make both find the user's modules
+        # (a --database python:module:name, a target's helpers) the same way.
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             from .fuzz._cli import add_fuzz_parser, add_replay_parser, fuzz_command, replay_command
         except ImportError as exc:

@@ -6,6 +6,9 @@ Needs the ``hypothesis`` package (a test extra); simdist itself does not.
 
 from __future__ import annotations
 
+import itertools
+import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import NamedTuple
@@ -27,6 +30,7 @@ __all__ = [
     "ProbeFault",
     "ReductionChoice",
     "bin_weights",
+    "campaign_max_world_size",
     "dtype_names",
     "fault_from_json",
     "fault_plans",
@@ -41,6 +45,17 @@ __all__ = [
 ]
 
 
+def campaign_max_world_size(default: int | None = None) -> int | None:
+    """The world-size bound a ``simdist fuzz`` campaign sets (``--max-world-size``,
+    exported as ``SIMDIST_FUZZ_MAX_WORLD_SIZE``), else ``default``."""
+    raw = os.environ.get("SIMDIST_FUZZ_MAX_WORLD_SIZE")
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"SIMDIST_FUZZ_MAX_WORLD_SIZE must be a positive int, got {raw!r}")
+    return int(raw)
+
+
 def layouts(
     *,
     max_world_size: int = 8,
@@ -48,8 +63,14 @@ def layouts(
     max_degree: int = 4,
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
-    (other axes stay 1); non-power-of-two degrees included; small worlds as
-    often as large ones. Pass
+    (other axes stay 1), each degree in ``1..max_degree``; non-power-of-two
+    degrees included. A campaign's ``--max-world-size`` lowers the bound.
+
+    Distribution: the world size is drawn first, uniformly over the sizes the
+    axes can make (small worlds as often as large ones), then one of its
+    factorisations over ``axes``, uniformly; so every axis has the same
+    distribution of degrees, whatever its place in ``axes``
+    (tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
     ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
     towards a single rank, then towards the smallest degrees, first axis first."""
     for axis in axes:
@@ -57,12 +78,15 @@ def layouts(
             raise ValueError(f"unknown axis {axis!r}; expected some of {AXES}")
     if max_world_size < 1 or max_degree < 1:
         raise ValueError(f"max_world_size and max_degree must be >= 1, got {max_world_size}, {max_degree}")
-
-    # Most bugs show in small worlds and small worlds are cheap, so a bound is
-    # drawn first, small ones as often as large ones: 2, 4, 8, ... up to
-    # max_world_size. Uniform degrees alone would make most worlds large.
-    bounds = sorted({min(max_world_size, 2**k) for k in range(1, max(1, max_world_size).bit_length() + 1)})
-    return _layouts(tuple(bounds), tuple(axes), max_degree)
+    bound = min(max_world_size, campaign_max_world_size(max_world_size) or max_world_size)
+    by_size: dict[int, list[tuple[int, ...]]] = {}
+    for sizes in itertools.product(range(1, max_degree + 1), repeat=len(axes)):
+        world = math.prod(sizes)
+        if world <= bound:
+            by_size.setdefault(world, []).append(sizes)
+    # Lexicographic order: a factorisation shrinks towards small degrees on the first axis.
+    choices = tuple((world, tuple(sorted(by_size[world]))) for world in sorted(by_size))
+    return _layouts(choices, tuple(axes))
 
 
 # The composite strategies are defined once, at module level, and take their
@@ -73,15 +97,12 @@ def layouts(
 
 
 @st.composite
-def _layouts(draw: st.DrawFn, bounds: tuple[int, ...], axes: tuple[str, ...], max_degree: int) -> Layout:
-    sizes: dict[str, int] = {}
-    budget = draw(st.sampled_from(bounds))
-    for axis in axes:
-        top = min(max_degree, budget)
-        size = draw(st.integers(1, top))
-        sizes[axis] = size
-        budget //= size
-    return Layout(**sizes)
+def _layouts(
+    draw: st.DrawFn, choices: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...], axes: tuple[str, ...]
+) -> Layout:
+    _, factorisations = draw(st.sampled_from(choices))
+    sizes = draw(st.sampled_from(factorisations))
+    return Layout(**dict(zip(axes, sizes)))
 
 
 def token_masks(
@@ -124,8 +145,11 @@ def _token_masks(draw: st.DrawFn, batch: int, seq_len: int, allow_empty_rows: bo
 
 MASK_ROW_KINDS: tuple[str, ...] = ("full", "empty", "prefix", "single", "first_only", "random")
 # Mask values other than 0/1 weight a token; 1.0 first so masks shrink to 0/1.
-MASK_SCALES: tuple[float, ...] = (1.0, 0.5, 2.0, 0.25)
-WEIGHT_VALUES: tuple[float, ...] = (1.0, 0.0, 0.5, 2.0, 0.125, 1000.0)
+# The non-dyadic values (0.1, 1/3, 1.01) are inexact in bfloat16 and float16:
+# a bug that keeps weights or weighted counts in low precision shows only with
+# them (dyadic values such as 0.5 round-trip exactly).
+MASK_SCALES: tuple[float, ...] = (1.0, 0.5, 2.0, 0.25, 0.1, 1.01)
+WEIGHT_VALUES: tuple[float, ...] = (1.0, 0.0, 0.5, 2.0, 0.125, 1000.0, 0.1, 1 / 3, 1.01)
 DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16")
 REDUCTION_NAMES: tuple[str, ...] = ("rank", "ring", "tree", "shuffled")
 FUZZ_FAULT_KINDS: tuple[str, ...] = ("crash", "timeout", "abort", "delay")
@@ -330,7 +354,7 @@ def fault_to_json(fault: Fault) -> dict[str, object]:
 
 def fault_from_json(data: Mapping[str, object]) -> Fault:
     fields = dict(data)
-    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[union-attr]
+    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]
     return Fault(**fields)  # type: ignore[arg-type]
 
 

@@ -1,8 +1,14 @@
 """A campaign: worker processes fuzzing the target until the budget is spent.
 
-The wall-clock budget covers the search. Failures found near its end still
-get shrunk (up to ``grace`` seconds more), because an unshrunk case is hard to
-read; after that the workers are stopped whatever they are doing.
+The wall-clock budget covers the search and is counted, per worker, from the
+moment that worker is ready (its target imported and collected), so a slow
+import does not eat it; waiting for readiness is bounded by ``startup``
+seconds. Failures found near the end still get shrunk (up to ``grace``
+seconds more), because an unshrunk case is hard to read; after that the
+workers are stopped whatever they are doing, and a worker stopped in the
+middle of a case that is not a failure being shrunk is reported as a hang,
+never as clean. A case that runs past ``case_timeout`` is a failure with its
+case.
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ._corpus import write_case
 from ._database import DatabaseSpecError, resolve_database
 from ._events import EventReader, worker_file
+from ._forked import ForkedWorker, fork_available
+from ._hangs import EXIT_HUNG_CASE
+from ._outputs import check_output_paths, display
+from ._project import default_corpus, simdist_settings
 from ._stats import CampaignStats
 from ._summary import junit_xml, progress_line, summary_text
 
@@ -46,13 +56,16 @@ class CampaignConfig:
     workers: int = 1
     max_world_size: int | None = None
     database: str | None = ".simdist/fuzz-db"
-    corpus: Path | None = Path("fixtures/regressions")
+    # "auto": [tool.simdist] corpus of the target's project, else <rootdir>/fuzz-cases.
+    corpus: Path | str | None = "auto"
     report: Path | None = None
     junit: Path | None = None
     stop_on_failure: bool = False
     runs_dir: Path = Path(".simdist/fuzz-runs")
     tags: dict[str, str] = field(default_factory=dict)
     grace: float = 120.0
+    case_timeout: float = 300.0  # seconds one case may run before it is a hang
+    startup: float = 300.0  # seconds a worker may take to import and collect the target
     out: IO[str] = sys.stderr
     live: bool | None = None  # a redrawn progress line; default: when `out` is a terminal
 
@@ -73,17 +86,9 @@ class UsageError(ValueError):
 def default_targets(cwd: Path | None = None) -> list[str]:
     """``[tool.simdist] fuzz-targets`` in pyproject.toml, else ``tests/fuzz``."""
     cwd = cwd or Path.cwd()
-    pyproject = cwd / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            tomllib = None  # type: ignore[assignment]
-        if tomllib is not None:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-            targets = data.get("tool", {}).get("simdist", {}).get("fuzz-targets")
-            if targets:
-                return [str(t) for t in targets]
+    targets = simdist_settings(cwd).get("fuzz-targets")
+    if targets:
+        return [str(t) for t in targets]
     if (cwd / "tests" / "fuzz").is_dir():
         return ["tests/fuzz"]
     raise UsageError(
@@ -104,13 +109,26 @@ def _validate(cfg: CampaignConfig) -> None:
         raise UsageError(f"--workers must be at least 1, got {cfg.workers}")
     if cfg.max_world_size is not None and cfg.max_world_size < 1:
         raise UsageError(f"--max-world-size must be at least 1, got {cfg.max_world_size}")
-    for path in (cfg.report, cfg.junit):
-        if path is not None and not Path(path).parent.resolve().is_dir():
-            raise UsageError(f"cannot write {path}: directory {Path(path).parent} does not exist")
+    for name, value in (
+        ("--grace", cfg.grace),
+        ("--case-timeout", cfg.case_timeout),
+        ("--startup", cfg.startup),
+    ):
+        if not (value > 0):
+            raise UsageError(f"{name} must be a positive number of seconds, got {value}")
+    problem = check_output_paths(corpus=_corpus(cfg), report=cfg.report, junit=cfg.junit)
+    if problem:
+        raise UsageError(problem)
     try:
         resolve_database(cfg.database)
     except DatabaseSpecError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _corpus(cfg: CampaignConfig) -> Path | None:
+    if cfg.corpus == "auto":
+        return default_corpus(cfg.targets)
+    return None if cfg.corpus is None else Path(cfg.corpus)
 
 
 def _worker_command(targets: Sequence[str]) -> list[str]:
@@ -133,24 +151,8 @@ def _worker_command(targets: Sequence[str]) -> list[str]:
     ]
 
 
-def run_campaign(cfg: CampaignConfig) -> CampaignResult:
-    _validate(cfg)
-    seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
-    started = time.time()
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = cfg.runs_dir / f"{stamp}-{os.getpid()}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    deadline = started + cfg.budget
-    out = cfg.out
-    live = cfg.live if cfg.live is not None else bool(getattr(out, "isatty", lambda: False)())
-    print(
-        f"simdist fuzz: budget {cfg.budget:g} s, {cfg.workers} worker(s), seed {seed}, "
-        f"target {' '.join(cfg.targets)}; worker logs in {run_dir}",
-        file=out,
-        flush=True,
-    )
-
-    procs: list[subprocess.Popen[bytes]] = []
+def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> tuple[list, list]:
+    procs: list[Any] = []  # Popen or ForkedWorker: poll, wait, send_signal, kill, returncode
     logs = []
     seeds = random.Random(seed)
     for k in range(cfg.workers):
@@ -161,8 +163,10 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
                 "SIMDIST_FUZZ_RUN_DIR": str(run_dir.resolve()),
                 "SIMDIST_FUZZ_INDEX": str(k),
                 "SIMDIST_FUZZ_SEED": str(seeds.getrandbits(63)),
-                "SIMDIST_FUZZ_DEADLINE": repr(deadline),
+                # Each worker's search ends `budget` seconds after it is ready.
+                "SIMDIST_FUZZ_BUDGET": repr(cfg.budget),
                 "SIMDIST_FUZZ_STARTED": repr(started),
+                "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout),
                 "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
                 "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
                 "PYTHONUNBUFFERED": "1",
@@ -178,31 +182,65 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
         env.setdefault("OMP_NUM_THREADS", "1")
         log = open(run_dir / f"worker-{k}.log", "wb")
         logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                _worker_command(cfg.targets),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+        command = _worker_command(cfg.targets)
+        if fork_available():
+            # Forked from this process: torch and simdist are imported already.
+            procs.append(ForkedWorker(command[3:], env, log))
+        else:
+            procs.append(
+                subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
             )
-        )
-    readers = [EventReader(worker_file(run_dir, k)) for k in range(cfg.workers)]
-    stats = CampaignStats()
-    interrupted = False
-    killed = False
+    return procs, logs
+
+
+@dataclass
+class _Watch:
+    """What the campaign loop decided about its workers while they ran."""
+
+    killed: set[int] = field(default_factory=set)  # stopped past budget + grace
+    not_ready: set[int] = field(default_factory=set)  # stopped before they were ready
+    # Per killed worker: seconds since its last round start or finished case.
+    stalled: dict[int, float] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def _supervise(
+    cfg: CampaignConfig, procs: list, readers: list, stats: CampaignStats, started: float, run_dir: Path
+) -> _Watch:
+    out = cfg.out
+    live = cfg.live if cfg.live is not None else bool(getattr(out, "isatty", lambda: False)())
+    watch = _Watch()
+    announced: set[int] = set()
     last_print = 0.0
     try:
         while True:
             _drain(readers, stats)
             now = time.time()
-            alive = [p for p in procs if p.poll() is None]
+            for k in sorted(set(stats.ready_at) - announced):
+                announced.add(k)
+                print(
+                    f"simdist fuzz: worker {k} ready after {stats.ready_at[k]:.1f} s "
+                    f"(target imported and collected); its {cfg.budget:g} s budget starts now",
+                    file=out,
+                    flush=True,
+                )
+            alive = [k for k, p in enumerate(procs) if p.poll() is None]
             if not alive:
                 break
-            if now > deadline + cfg.grace and not killed:
-                (run_dir / "stop").touch()
-                _stop(procs)
-                killed = True
+            overdue = []
+            for k in alive:
+                ready = stats.ready_at.get(k)
+                if ready is None and now - started > cfg.startup:
+                    watch.not_ready.add(k)
+                    overdue.append(k)
+                elif ready is not None and now - started > ready + cfg.budget + cfg.grace:
+                    watch.killed.add(k)
+                    watch.stalled[k] = now - started - stats.last_progress.get(k, ready)
+                    overdue.append(k)
+            if overdue:
+                _stop([procs[k] for k in overdue])
             if live and now - last_print >= 0.5:
                 out.write("\r" + progress_line(stats, now - started, cfg.budget, cfg.workers).ljust(100))
                 out.flush()
@@ -211,53 +249,125 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
                 print(progress_line(stats, now - started, cfg.budget, cfg.workers), file=out, flush=True)
                 last_print = now
             try:
-                alive[0].wait(timeout=0.25)
+                procs[alive[0]].wait(timeout=0.25)
             except subprocess.TimeoutExpired:
                 pass
     except KeyboardInterrupt:
-        interrupted = True
+        watch.interrupted = True
         (run_dir / "stop").touch()
         _stop(procs)
+    _drain(readers, stats)
+    if live:
+        out.write(
+            "\r" + progress_line(stats, time.time() - started, cfg.budget, cfg.workers).ljust(100) + "\n"
+        )
+    return watch
+
+
+def _write_cases(cfg: CampaignConfig, stats: CampaignStats, found: dict, problems: list[str]) -> None:
+    corpus = _corpus(cfg)
+    if corpus is None:
+        return
+    for failure in stats.failures:
+        if failure.case is None or not failure.replayable:
+            continue
+        root = stats.rootdirs.get(failure.worker)
+        prop_file = Path(root) / failure.property.split("::", 1)[0] if root else None
+        try:
+            path = write_case(
+                corpus,
+                failure.property,
+                failure.case,
+                failure.error_type,
+                failure.error,
+                {**found, "property_seed": failure.seed},
+                property_file=prop_file,
+            )
+        except OSError as exc:
+            # The failure is still printed below, with its case.
+            problems.append(
+                f"output error: could not write the case of {failure.property} to {corpus}: {exc}"
+            )
+            continue
+        failure.file = display(path)
+
+
+def run_campaign(cfg: CampaignConfig) -> CampaignResult:
+    _validate(cfg)
+    seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
+    started = time.time()
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = cfg.runs_dir / f"{stamp}-{os.getpid()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = cfg.out
+    corpus = _corpus(cfg)
+    print(
+        f"simdist fuzz: budget {cfg.budget:g} s, {cfg.workers} worker(s), seed {seed}, "
+        f"target {' '.join(cfg.targets)}; worker logs in {run_dir}",
+        file=out,
+        flush=True,
+    )
+    print(
+        f"simdist fuzz: starting {cfg.workers} worker(s): importing and collecting the target "
+        f"(up to {cfg.startup:g} s)",
+        file=out,
+        flush=True,
+    )
+    procs, logs = _spawn(cfg, run_dir, seed, started)
+    readers = [EventReader(worker_file(run_dir, k)) for k in range(cfg.workers)]
+    stats = CampaignStats()
+    try:
+        watch = _supervise(cfg, procs, readers, stats, started, run_dir)
     finally:
         for log in logs:
             log.close()
-    _drain(readers, stats)
     elapsed = time.time() - started
-    if live:
-        out.write("\r" + progress_line(stats, elapsed, cfg.budget, cfg.workers).ljust(100) + "\n")
-
-    problems = _problems(procs, stats, run_dir, killed, interrupted)
+    problems = _problems(procs, stats, run_dir, watch, cfg)
     found = {"campaign_seed": seed, **_versions(), **cfg.tags}
-    if cfg.corpus is not None:
-        for failure in stats.failures:
-            if failure.case is not None and failure.replayable:
-                path = write_case(
-                    cfg.corpus,
-                    failure.property,
-                    failure.case,
-                    failure.error_type,
-                    failure.error,
-                    {**found, "property_seed": failure.seed},
-                )
-                failure.file = str(path)
+    _write_cases(cfg, stats, found, problems)
     print(
         summary_text(
-            stats, elapsed=elapsed, workers=cfg.workers, seed=seed, targets=cfg.targets, problems=problems
+            stats,
+            elapsed=elapsed,
+            workers=cfg.workers,
+            seed=seed,
+            targets=cfg.targets,
+            problems=problems,
+            corpus=None if corpus is None else display(corpus),
         ),
         file=out,
         flush=True,
     )
+    code = _exit_code(watch, problems, stats)
+    code = _write_reports(cfg, stats, code, elapsed, seed, run_dir, problems)
+    return CampaignResult(code, stats, elapsed, problems, run_dir)
 
-    if interrupted:
-        code = ExitCode.INTERRUPTED
-    elif any(p.startswith("crash") for p in problems):
-        code = ExitCode.CRASHED
-    elif any(p.startswith("target error") for p in problems):
-        code = ExitCode.USAGE
-    elif stats.failures:
-        code = ExitCode.FAILED
-    else:
-        code = ExitCode.CLEAN
+
+def _exit_code(watch: _Watch, problems: list[str], stats: CampaignStats) -> int:
+    if watch.interrupted:
+        return ExitCode.INTERRUPTED
+    if any(p.startswith("crash") for p in problems):
+        return ExitCode.CRASHED
+    if any(p.startswith("target error") for p in problems):
+        return ExitCode.USAGE
+    if stats.failures or any(p.startswith("hang") for p in problems):
+        return ExitCode.FAILED
+    if any(p.startswith("output error") for p in problems):
+        return ExitCode.USAGE
+    return ExitCode.CLEAN
+
+
+def _write_reports(
+    cfg: CampaignConfig,
+    stats: CampaignStats,
+    code: int,
+    elapsed: float,
+    seed: int,
+    run_dir: Path,
+    problems: list[str],
+) -> int:
+    """Write --report and --junit after the summary: an output error never hides a failure."""
+    outputs = []
     if cfg.report is not None:
         report = {
             "exit_code": code,
@@ -271,10 +381,17 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
             "problems": problems,
             **stats.to_json(),
         }
-        Path(cfg.report).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        outputs.append(("--report", Path(cfg.report), json.dumps(report, indent=2) + "\n"))
     if cfg.junit is not None:
-        Path(cfg.junit).write_text(junit_xml(stats, elapsed, problems), encoding="utf-8")
-    return CampaignResult(code, stats, elapsed, problems, run_dir)
+        outputs.append(("--junit", Path(cfg.junit), junit_xml(stats, elapsed, problems)))
+    for option, path, text in outputs:
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"simdist fuzz: error: could not write {option} {path}: {exc}", file=cfg.out, flush=True)
+            if code == ExitCode.CLEAN:
+                code = ExitCode.USAGE
+    return code
 
 
 def _drain(readers: list[EventReader], stats: CampaignStats) -> None:
@@ -305,15 +422,30 @@ def _log_tail(run_dir: Path, k: int, lines: int = 25) -> str:
 
 
 def _problems(
-    procs: list[subprocess.Popen[bytes]], stats: CampaignStats, run_dir: Path, killed: bool, interrupted: bool
+    procs: list[subprocess.Popen[bytes]],
+    stats: CampaignStats,
+    run_dir: Path,
+    watch: _Watch,
+    cfg: CampaignConfig,
 ) -> list[str]:
     """Why the campaign itself did not run as asked (not failures of properties)."""
-    if interrupted:
+    if watch.interrupted:
         return ["interrupted (Ctrl-C): the summary covers the cases run so far"]
     problems = []
     for k, p in enumerate(procs):
         code = p.returncode
-        if code in (0, 1) or (killed and code is not None):
+        if k in watch.not_ready:
+            problems.append(
+                f"target error: worker {k} was not ready after {cfg.startup:g} s (--startup): importing "
+                f"or collecting the target took too long:\n    {_log_tail(run_dir, k)}"
+            )
+            continue
+        if k in watch.killed:
+            problem = _killed_problem(k, stats, cfg, watch.stalled.get(k, 0.0))
+            if problem:
+                problems.append(problem)
+            continue
+        if code in (0, 1) or (code == EXIT_HUNG_CASE and k in stats.hung_workers):
             continue
         tail = _log_tail(run_dir, k)
         if code == 5 or (code == 0 and not stats.properties):
@@ -328,12 +460,46 @@ def _problems(
             )
     if not problems and not stats.properties:
         problems.append("target error: no Hypothesis property (@given test) found in the target")
-    if killed:
+    for k in sorted(stats.hung_workers):
         problems.append(
+            f"note: worker {k} stopped at a case that ran past --case-timeout ({cfg.case_timeout:g} s); "
+            "its properties were not fuzzed further"
+        )
+    for prop, n in sorted(stats.unfired_plans.items()):
+        problems.append(
+            f"note: {n} case(s) of {prop} ran a FaultPlan that never fired (no rule matched a call): "
+            "they tested a clean run, not a fault"
+        )
+    for prop, names in sorted(stats.leaks.items()):
+        problems.append(
+            f"note: {prop} leaked {len(names)} thread(s) still running after its round: {', '.join(names[:8])}"
+        )
+    return problems
+
+
+def _killed_problem(k: int, stats: CampaignStats, cfg: CampaignConfig, stalled: float) -> str | None:
+    # Stopped past budget + grace: shrinking a failure (reported unshrunk),
+    # between rounds, in a case that was merely slow, or stuck in one case for
+    # the whole grace period: a hang, never "clean" (--case-timeout may be
+    # longer than budget + grace, so this is the hang detector of last resort).
+    current = stats.in_case.get(k)
+    if any(f.worker == k and not f.shrunk for f in stats.failures):
+        return (
             "note: workers were still shrinking past the budget and grace period and were "
             "stopped; a failure may be reported unshrunk"
         )
-    return problems
+    if current is None:
+        return None
+    if stalled >= cfg.grace:
+        return (
+            f"hang: worker {k} was stuck in a case of {current} for {stalled:.0f} s, past its budget "
+            f"and grace period (--grace {cfg.grace:g}), and was stopped; the property may hang "
+            "(see --case-timeout)"
+        )
+    return (
+        f"note: worker {k} was stopped in the middle of a round of {current} (its last case "
+        f"finished {stalled:.1f} s before, within --grace): that round's other cases did not run"
+    )
 
 
 def _versions() -> dict[str, str]:

@@ -82,8 +82,9 @@ def add_fuzz_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--corpus",
-        default="fixtures/regressions",
-        help="where failing cases are written as JSON (default fixtures/regressions)",
+        default="auto",
+        help="directory where failing cases are written as JSON (default: [tool.simdist] corpus "
+        "in the pyproject.toml of the target's rootdir, else fuzz-cases/ in that rootdir)",
     )
     p.add_argument("--no-corpus", action="store_true", help="do not write failing cases")
     p.add_argument("--report", type=Path, default=None, help="write the campaign as JSON")
@@ -97,6 +98,20 @@ def add_fuzz_parser(sub: argparse._SubParsersAction) -> None:
         default=120.0,
         help="seconds past the budget that failures may still be shrunk (default 120); "
         "then workers stop and report the smallest case found so far",
+    )
+    p.add_argument(
+        "--case-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="seconds one case may run (default 300); a case past it is reported as a failure "
+        "(CaseTimeout) with its case, and that worker stops",
+    )
+    p.add_argument(
+        "--startup",
+        type=_positive_float,
+        default=300.0,
+        help="seconds a worker may take to import and collect the target (default 300); "
+        "the budget is counted from each worker's readiness",
     )
     p.add_argument(
         "--tag",
@@ -131,12 +146,14 @@ def fuzz_command(args: argparse.Namespace) -> int:
             workers=args.workers,
             max_world_size=args.max_world_size,
             database=args.database,
-            corpus=None if args.no_corpus else Path(args.corpus),
+            corpus=None if args.no_corpus else ("auto" if args.corpus == "auto" else Path(args.corpus)),
             report=args.report,
             junit=args.junit,
             stop_on_failure=args.stop_on_failure,
             tags=dict(args.tag),
             grace=args.grace,
+            case_timeout=args.case_timeout,
+            startup=args.startup,
         )
         return run_campaign(cfg).exit_code
     except UsageError as exc:
@@ -164,8 +181,15 @@ def replay_command(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     still_failing = unusable = 0
     for path in files:
+        # Read first, on its own: a damaged file is unusable (exit 2) and is
+        # never reported under another file's target.
         try:
             case = read_case(path)
+        except CaseFileError as exc:
+            unusable += 1
+            print(f"ERROR  {path}: {exc}")
+            continue
+        try:
             with debug_cli.replay_scope(args):  # debug hook: --pdb, --break-at
                 replay_case(path)
         except CaseFileError as exc:

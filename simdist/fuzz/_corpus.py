@@ -1,10 +1,13 @@
 """Regression cases: one small JSON file per failure, replayable forever.
 
-A file names the property (a pytest node id, relative to the directory the
-campaign ran in), the case in the property's own JSON form, and the error it
-raised when found. ``replay_case`` imports the property the way pytest would
-(its directory on ``sys.path``, the ``conftest.py`` files above it loaded
-first) and runs its body once with the decoded case: no search, no shrinking.
+A file names the property (a pytest node id, relative to the rootdir of the
+pytest run that found it, and the property file's path relative to the case
+file itself, so that a corpus and its target can move together and be
+replayed from anywhere), the case in the property's own JSON form, and the
+error it raised when found. ``replay_case`` imports the property the way
+pytest would (its directory on ``sys.path``, the ``conftest.py`` files above
+it loaded first) and runs its body once with the decoded case: no search, no
+shrinking.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -42,6 +46,9 @@ class CaseFile:
     case: dict[str, Any]
     error: dict[str, Any]
     found: dict[str, Any]
+    # The property file, relative to the case file's directory (absent in
+    # files written before it was recorded).
+    file: str | None = None
 
     @property
     def file_part(self) -> str:
@@ -59,8 +66,12 @@ def write_case(
     error_type: str,
     error: str,
     found: Mapping[str, Any],
+    property_file: Path | None = None,
 ) -> Path:
-    """Write one case file; the name is stable for the same property and case."""
+    """Write one case file; the name is stable for the same property and case.
+
+    ``property_file``, when known, is recorded relative to ``directory``, which
+    is what lets ``simdist replay`` find the property from any directory."""
     directory.mkdir(parents=True, exist_ok=True)
     body = json.dumps(dict(case), sort_keys=True)
     digest = hashlib.sha1(f"{target}\n{body}".encode()).hexdigest()[:10]
@@ -69,6 +80,7 @@ def write_case(
     data = {
         "format": FORMAT,
         "target": target,
+        **({"file": _relative(property_file, directory)} if property_file is not None else {}),
         "case": dict(case),
         "error": {"type": error_type, "message": error[:4000]},
         "found": {"date": _dt.date.today().isoformat(), **dict(found)},
@@ -77,27 +89,59 @@ def write_case(
     return path
 
 
+def _relative(path: Path, directory: Path) -> str:
+    return Path(os.path.relpath(Path(path).resolve(), Path(directory).resolve())).as_posix()
+
+
+def _field(p: Path, data: dict[str, Any], key: str, kind: type, what: str, *, required: bool) -> Any:
+    if key not in data:
+        if required:
+            raise CaseFileError(f"{p}: missing field {key!r} ({what})")
+        return None
+    value = data[key]
+    if not isinstance(value, kind):
+        raise CaseFileError(f"{p}: field {key!r} must be {what}, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
 def read_case(path: str | Path) -> CaseFile:
+    """Read and check one case file; any defect is a ``CaseFileError`` naming the file and field."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        raw = p.read_bytes()
     except FileNotFoundError:
         raise CaseFileError(f"{p}: no such file") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise CaseFileError(f"{p}: not a readable JSON case file: {exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CaseFileError(
+            f"{p}: not a readable JSON case file: not UTF-8 text "
+            f"(byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CaseFileError(f"{p}: not a readable JSON case file: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CaseFileError(f'{p}: not a simdist fuzz case (expected "format": "{FORMAT}")')
-    for key in ("target", "case"):
-        if key not in data:
-            raise CaseFileError(f"{p}: missing {key!r}")
-    if "::" not in data["target"]:
-        raise CaseFileError(f"{p}: target {data['target']!r} is not a pytest node id (path::function)")
-    return CaseFile(p, data["target"], data["case"], data.get("error", {}), data.get("found", {}))
+    target = _field(p, data, "target", str, "a pytest node id (path::function)", required=True)
+    case = _field(p, data, "case", dict, "a JSON object (the case's to_json() form)", required=True)
+    error = _field(p, data, "error", dict, "a JSON object", required=False) or {}
+    found = _field(p, data, "found", dict, "a JSON object", required=False) or {}
+    file = _field(p, data, "file", str, "the property file's path relative to the case file", required=False)
+    if "::" not in target:
+        raise CaseFileError(f"{p}: target {target!r} is not a pytest node id (path::function)")
+    return CaseFile(p, target, case, error, found, file)
 
 
 def _locate(case: CaseFile, root: Path | None) -> Path:
     rel = Path(case.file_part)
     candidates = [root / rel] if root is not None else []
+    if case.file is not None:
+        # Recorded by the campaign: right wherever the replay runs from.
+        candidates.append(case.path.resolve().parent / case.file)
     candidates.append(Path.cwd() / rel)
     # A corpus usually lives in the same repository as its properties.
     candidates += [parent / rel for parent in case.path.resolve().parents]
@@ -162,7 +206,15 @@ def replay_case(path: str | Path, *, root: Path | None = None) -> None:
         raise CaseFileError(f"{case.path}: {case.target} is not a @simdist.fuzz.replayable property")
     # Run the body under Hypothesis with exactly this case, so that event()
     # and target() calls inside it work as in the campaign; nothing is searched.
-    decoded = spec.decode(case.case)
+    try:
+        decoded = spec.decode(case.case)
+    except Exception as exc:
+        # A case the property cannot read back is a damaged file, not a
+        # failure of the property: it says nothing about the code.
+        raise CaseFileError(
+            f"{case.path}: field 'case' cannot be decoded by "
+            f"{getattr(spec.decode, '__qualname__', spec.decode)!s}: {type(exc).__name__}: {exc}"
+        ) from exc
     once = settings(
         database=None,
         phases=[Phase.generate],

@@ -20,7 +20,16 @@ from typing import Any, TypeVar
 import hypothesis
 from hypothesis.control import currently_in_test_context
 
-__all__ = ["FuzzSpec", "clear_failures", "cover", "encode_case", "last_failure", "replayable", "spec_of"]
+__all__ = [
+    "FuzzSpec",
+    "clear_failures",
+    "cover",
+    "encode_case",
+    "in_flight_case",
+    "last_failure",
+    "replayable",
+    "spec_of",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +54,9 @@ _lock = threading.Lock()
 # example last before it raises, so the last failure recorded for a property
 # is its minimal failing case.
 _failures: dict[str, FailureRecord] = {}
+# The case each property is running right now (by the same key): what a
+# campaign reports when a case never finishes.
+_in_flight: dict[str, Any] = {}
 
 
 def encode_case(case: Any) -> dict[str, Any]:
@@ -89,6 +101,8 @@ def replayable(decode: Callable[[Mapping[str, Any]], Any], *, arg: str = "case")
 
         @functools.wraps(fn)
         def property_body(*args: Any, **kwargs: Any) -> Any:
+            with _lock:
+                _in_flight[key] = kwargs.get(arg)
             try:
                 return fn(*args, **kwargs)
             except BaseException as exc:
@@ -99,6 +113,9 @@ def replayable(decode: Callable[[Mapping[str, Any]], Any], *, arg: str = "case")
                 with _lock:
                     _failures[key] = record
                 raise
+            finally:
+                with _lock:
+                    _in_flight.pop(key, None)
 
         property_body.__simdist_fuzz__ = FuzzSpec(arg=arg, decode=decode)  # type: ignore[attr-defined]
         return property_body  # type: ignore[return-value]
@@ -116,6 +133,19 @@ def last_failure(test: Callable[..., Any]) -> FailureRecord | None:
     inner = getattr(getattr(test, "hypothesis", None), "inner_test", test)
     with _lock:
         return _failures.get(_key(getattr(inner, "__wrapped__", inner)))
+
+
+def in_flight_case(test: Callable[..., Any]) -> dict[str, Any] | None:
+    """The JSON form of the case ``test`` is running now (None when none, or not encodable)."""
+    inner = getattr(getattr(test, "hypothesis", None), "inner_test", test)
+    with _lock:
+        case = _in_flight.get(_key(getattr(inner, "__wrapped__", inner)))
+    if case is None:
+        return None
+    try:
+        return encode_case(case)
+    except TypeError:
+        return None
 
 
 def clear_failures() -> None:

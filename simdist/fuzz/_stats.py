@@ -52,17 +52,47 @@ class CampaignStats:
     rounds: int = 0
     collect_errors: int = 0
     done_reasons: dict[int, str] = field(default_factory=dict)
+    # Per worker: seconds after the campaign's start it was ready, pytest's rootdir.
+    ready_at: dict[int, float] = field(default_factory=dict)
+    rootdirs: dict[int, str] = field(default_factory=dict)
+    # Per worker: the property whose round is running (absent between rounds).
+    in_case: dict[int, str] = field(default_factory=dict)
+    # Per worker: when (seconds after the start) a round started or a case finished last.
+    last_progress: dict[int, float] = field(default_factory=dict)
+    hung_workers: set[int] = field(default_factory=set)
+    leaks: dict[str, list[str]] = field(default_factory=dict)
+    # Cases per property whose FaultPlan had rules and none fired.
+    unfired_plans: Counter = field(default_factory=Counter)
+    # Cases per world size (the product of the layout axes a case covers).
+    world_sizes: Counter = field(default_factory=Counter)
 
     def add(self, worker: int, event: dict[str, Any]) -> None:
         kind = event.get("e")
+        if kind in ("case", "round_start") and "t" in event:
+            self.last_progress[worker] = max(self.last_progress.get(worker, 0.0), float(event["t"]))
         if kind == "case":
             self.cases_by_worker[worker] += 1
             self._add_case(event)
+        elif kind == "round_start":
+            self.in_case[worker] = str(event.get("p", "?"))
         elif kind == "round":
             self.rounds += 1
+            self.in_case.pop(worker, None)
+        elif kind == "stopped":
+            # Interrupted mid-round; with a failing case seen, it was shrinking.
+            if event.get("failing_seen"):
+                self.in_case.pop(worker, None)
         elif kind == "start":
             self.properties.update(event.get("properties", []))
             self.ignored.update(event.get("ignored", []))
+            self.ready_at[worker] = float(event.get("t", 0.0))
+            if event.get("rootdir"):
+                self.rootdirs[worker] = str(event["rootdir"])
+        elif kind == "hung":
+            self.hung_workers.add(worker)
+            self.in_case.pop(worker, None)
+        elif kind == "leak":
+            self.leaks.setdefault(str(event.get("p", "?")), list(event.get("threads", [])))
         elif kind == "failure":
             self._add_failure(worker, event)
         elif kind == "collect_error":
@@ -77,6 +107,8 @@ class CampaignStats:
         self.cases_by_status[status] += 1
         self.cases_by_property[prop] += 1
         self.case_seconds += float(event.get("sec", 0.0))
+        if event.get("unfired"):
+            self.unfired_plans[prop] += 1
         if status == "failed" and prop not in self.first_failing_case_at:
             self.first_failing_case_at[prop] = float(event.get("t", 0.0))
             self.cases_before_first_failure[prop] = self.cases_by_property[prop] - 1
@@ -95,6 +127,9 @@ class CampaignStats:
                 axes[key] = val
         if axes:
             self.layouts.add("-".join(f"{a}{axes[a]}" for a in _LAYOUT_AXES if a in axes))
+        world = _world_size(event.get("f", {}), axes)
+        if world is not None:
+            self.world_sizes[world] += 1
 
     def _add_failure(self, worker: int, event: dict[str, Any]) -> None:
         failure = Failure(
@@ -134,6 +169,11 @@ class CampaignStats:
             "properties": sorted(self.properties),
             "ignored_tests": sorted(self.ignored),
             "rounds": self.rounds,
+            "world_sizes": {str(k): v for k, v in sorted(self.world_sizes.items())},
+            "ready_after_s": {str(k): v for k, v in sorted(self.ready_at.items())},
+            "stop_reasons": {str(k): v for k, v in sorted(self.done_reasons.items())},
+            "leaked_threads": self.leaks,
+            "cases_with_unfired_fault_plans": dict(self.unfired_plans),
             "failures": [
                 {
                     "property": f.property,
@@ -153,6 +193,21 @@ class CampaignStats:
                 for f in self.failures
             ],
         }
+
+
+def _world_size(features: dict[str, Any], axes: dict[str, str]) -> int | None:
+    """A case's world size: its ``world`` feature, else the product of its layout axes."""
+    for name, value in features.items():
+        key, sep, val = name.partition("=")
+        raw = val if sep else value
+        if key == "world" and str(raw).isdigit():
+            return int(raw)
+    if axes and all(v.isdigit() for v in axes.values()):
+        size = 1
+        for v in axes.values():
+            size *= int(v)
+        return size
+    return None
 
 
 def _size(case: dict[str, Any] | None) -> tuple[int, str]:

@@ -27,6 +27,19 @@ _ORDER = (
 )
 
 
+# Why workers stopped, as the summary explains it.
+_REASONS = {
+    "budget spent": "budget spent",
+    "every property failed": (
+        "every property failed: a failing property is not fuzzed further (fix it, or name "
+        "the others as targets, to search on)"
+    ),
+    "stopped at the first failure": "stopped at the first failure (-x)",
+    "stopped": "stopped (by a peer's -x, or the campaign)",
+    "no properties": "no properties",
+}
+
+
 def _short(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[-1]
 
@@ -61,6 +74,7 @@ def summary_text(
     seed: int,
     targets: Sequence[str],
     problems: Sequence[str],
+    corpus: str | None = None,
 ) -> str:
     rate = stats.cases / elapsed if elapsed > 0 else 0.0
     status = ", ".join(f"{n} {s}" for s, n in sorted(stats.cases_by_status.items()))
@@ -72,6 +86,26 @@ def summary_text(
         + ", ".join(f"{_short(p)} {stats.cases_by_property.get(p, 0)}" for p in sorted(stats.properties)),
         f"  layouts     {len(stats.layouts)} distinct",
     ]
+    if stats.world_sizes:
+        lines.append(
+            f"  world sizes {_values({str(k): v for k, v in stats.world_sizes.items()})} (cases per size)"
+        )
+    if stats.ready_at:
+        lines.append(
+            "  start-up    workers ready after "
+            + ", ".join(f"{t:.1f} s" for _, t in sorted(stats.ready_at.items()))
+            + " (budget counted from there)"
+        )
+    reasons = sorted(set(stats.done_reasons.values()))
+    if reasons:
+        lines.append(f"  stopped     {'; '.join(_REASONS.get(r, r) for r in reasons)}")
+    if stats.cases_by_status.get("gave_up"):
+        lines.append(
+            f"  gave_up     {stats.cases_by_status['gave_up']} case(s) rejected before they ran "
+            "(assume() was false, a filter or .filter() rejected the draw, or the data ran out): "
+            "not checked; many means the strategy wastes time"
+        )
+    lines.append(f"  cases go to {corpus}" if corpus else "  cases go to nowhere (--no-corpus)")
     if stats.features:
         lines.append("coverage (cases per value)")
         names = [n for n in _ORDER if n in stats.features] + sorted(set(stats.features) - set(_ORDER))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,9 @@ from hypothesis import HealthCheck, settings
 
 from ._database import resolve_database
 from ._events import EventWriter, worker_file
-from ._property import clear_failures, last_failure, spec_of
+from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
+from ._property import clear_failures, in_flight_case, last_failure, spec_of
+from ._unfired import UnfiredPlans
 
 ENV_FLAG = "SIMDIST_FUZZ_WORKER"
 # A round of one property aims at this many seconds, so the deadline is
@@ -65,13 +68,20 @@ class _Worker:
     run_dir: Path
     index: int
     seed: int
-    deadline: float
+    budget: float
     started: float
+    case_timeout: float
     stop_on_failure: bool
     database: Any
     events: EventWriter
+    deadline: float = 0.0  # set when the worker is ready: the budget counts from there
     current: str | None = None
+    current_fn: Any = None
     current_cases: int = 0
+    current_failing: int = 0  # failing cases seen in this round (a shrink is under way)
+    guard: CaseDeadline | None = None
+    unfired: UnfiredPlans | None = None
+    leaked: set[str] = field(default_factory=set)
     call_failed: dict[str, str] = field(default_factory=dict)
 
     def elapsed(self) -> float:
@@ -96,8 +106,9 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir=run_dir,
         index=index,
         seed=int(env["SIMDIST_FUZZ_SEED"]),
-        deadline=float(env["SIMDIST_FUZZ_DEADLINE"]),
+        budget=float(env["SIMDIST_FUZZ_BUDGET"]),
         started=float(env["SIMDIST_FUZZ_STARTED"]),
+        case_timeout=float(env.get("SIMDIST_FUZZ_CASE_TIMEOUT", "300")),
         stop_on_failure=env.get("SIMDIST_FUZZ_STOP_ON_FAILURE") == "1",
         database=resolve_database(env.get("SIMDIST_FUZZ_DATABASE")),
         events=EventWriter(worker_file(run_dir, index)),
@@ -113,6 +124,7 @@ def pytest_configure(config: pytest.Config) -> None:
         print_blob=False,
     )
     settings.load_profile("simdist-fuzz")
+    _worker.unfired = UnfiredPlans()
     try:
         from hypothesis.internal import observability
     except ImportError:  # an older Hypothesis: no per-case stream, rounds still count
@@ -130,9 +142,14 @@ def _observe(observation: Any) -> None:
     if w is None or getattr(observation, "type", None) != "test_case" or w.current is None:
         return
     w.current_cases += 1
+    if observation.status == "failed":
+        w.current_failing += 1
+    if w.guard is not None:
+        w.guard.progress()
     features = {
         str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in observation.features.items()
     }
+    unfired = w.unfired is not None and w.unfired.case_done()
     w.events.emit(
         "case",
         p=w.current,
@@ -141,6 +158,7 @@ def _observe(observation: Any) -> None:
         f=features,
         sec=round(sum(observation.timing.values()), 6),
         t=w.elapsed(),
+        **({"unfired": 1} if unfired else {}),
     )
 
 
@@ -160,15 +178,20 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
     others: list[str] = []
     for item in session.items:
         fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        if getattr(fn, "is_hypothesis_test", False):
+        if fn is not None and getattr(fn, "is_hypothesis_test", False):
             props.append(_PropertyState(item.nodeid, fn, fn._hypothesis_internal_use_settings))
         else:
             others.append(item.nodeid)
     items = {item.nodeid: item for item in session.items}
+    # Ready: the target is imported and collected. The budget starts now.
+    w.deadline = time.time() + w.budget
+    w.guard = CaseDeadline(w.case_timeout, lambda seconds: _on_hang(w, seconds))
     w.events.emit(
         "start",
         worker=w.index,
         pid=os.getpid(),
+        t=w.elapsed(),
+        rootdir=str(session.config.rootpath),
         properties=[p.nodeid for p in props],
         ignored=others,
         replayable=[p.nodeid for p in props if spec_of(p.function)],
@@ -218,8 +241,12 @@ def _run_round(
     fn._hypothesis_internal_use_seed = seed
     clear_failures()
     w.call_failed.pop(item.nodeid, None)
-    w.current, w.current_cases = prop.nodeid, 0
+    w.current, w.current_fn, w.current_cases, w.current_failing = prop.nodeid, fn, 0, 0
+    w.events.emit("round_start", p=prop.nodeid, t=w.elapsed())
+    threads_before = {t.ident for t in threading.enumerate() if t.ident is not None}
     start = time.perf_counter()
+    assert w.guard is not None
+    w.guard.progress()
     try:
         item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
     except KeyboardInterrupt:
@@ -229,8 +256,10 @@ def _run_round(
         record = last_failure(fn)
         if record is not None:
             _emit_failure(w, prop, seed, record, "stopped before shrinking finished", shrunk=False)
+        w.events.emit("stopped", p=prop.nodeid, failing_seen=w.current_failing > 0, t=w.elapsed())
         raise
     finally:
+        w.guard.idle()
         w.current = None
     seconds = time.perf_counter() - start
     prop.rounds += 1
@@ -238,6 +267,7 @@ def _run_round(
     prop.seconds += seconds
     prop.last_examples = examples
     prop.last_per_case = seconds / max(1, w.current_cases)
+    _report_leaks(w, prop.nodeid, threads_before)
     w.events.emit(
         "round",
         p=prop.nodeid,
@@ -251,6 +281,42 @@ def _run_round(
     if longrepr is None:
         return
     _emit_failure(w, prop, seed, last_failure(fn), longrepr, shrunk=True)
+
+
+def _report_leaks(w: _Worker, nodeid: str, before: set[int]) -> None:
+    if nodeid in w.leaked:
+        return
+    guard_thread = w.guard.thread if w.guard is not None else None
+    ignore = {guard_thread.ident} if guard_thread is not None and guard_thread.ident is not None else set()
+    names = leaked_threads(before, ignore)
+    if names:
+        w.leaked.add(nodeid)
+        w.events.emit("leak", p=nodeid, threads=names, t=w.elapsed())
+
+
+def _on_hang(w: _Worker, seconds: float) -> None:
+    """From the deadline thread: the main thread is stuck in a case; report it and end the worker."""
+    nodeid, fn = w.current, w.current_fn
+    if nodeid is None:
+        return
+    case = in_flight_case(fn) if fn is not None else None
+    _marker(w.run_dir, nodeid).touch()
+    w.events.emit(
+        "failure",
+        p=nodeid,
+        seed=None,
+        t=w.elapsed(),
+        first=True,
+        shrunk=False,
+        replayable=case is not None,
+        case=case,
+        error_type="CaseTimeout",
+        error=f"a case of {nodeid} was still running after {seconds:g} s (--case-timeout): it may hang",
+        report="the stuck case's stack (main thread):\n" + main_thread_stack(),
+    )
+    w.events.emit("hung", p=nodeid, t=w.elapsed())
+    w.events.close()
+    exit_now(EXIT_HUNG_CASE)
 
 
 def _emit_failure(

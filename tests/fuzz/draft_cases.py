@@ -10,7 +10,6 @@ failure shrinks towards one rank, one microbatch and fully valid 0/1 masks.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -25,6 +24,7 @@ from simdist.strategies import (
     REDUCTION_NAMES,
     ReductionChoice,
     bin_weights,
+    campaign_max_world_size,
     dtype_names,
     fault_from_json,
     fault_to_json,
@@ -50,14 +50,7 @@ CLIP_NORMS = {"policy_max_grad_norm": 0.05, "draft_max_grad_norm": 0.02}
 
 def max_world_size() -> int:
     """The campaign's world-size bound: ``SIMDIST_FUZZ_MAX_WORLD_SIZE`` (default 16)."""
-    raw = os.environ.get("SIMDIST_FUZZ_MAX_WORLD_SIZE", "16")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"SIMDIST_FUZZ_MAX_WORLD_SIZE must be a positive int, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"SIMDIST_FUZZ_MAX_WORLD_SIZE must be a positive int, got {raw!r}")
-    return value
+    return campaign_max_world_size(16) or 16
 
 
 def _tuples(value: Any) -> Any:

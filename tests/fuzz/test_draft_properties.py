@@ -40,7 +40,8 @@ from draft_runs import (  # noqa: E402
     worst_ratio,
 )
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from soft_ce_cases import (
+from projected_cases import ProjectedCase, check_projected, projected_cases  # noqa: E402
+from soft_ce_cases import (  # noqa: E402
     SoftCECase,
     check_soft_ce,
     run_soft_ce_bad_input,
@@ -220,6 +221,18 @@ def test_soft_ce_matches_reference(case: SoftCECase) -> None:
     numerators, counts and every rank's gradient shard."""
     cover(**case.cover())
     steer(check_soft_ce(case), label="soft_cross_entropy: worst error / tolerance vs float64")
+
+
+@relaxed
+@given(case=projected_cases())
+@fuzz.replayable(ProjectedCase.from_json)
+def test_projected_soft_ce_matches_reference(case: ProjectedCase) -> None:
+    """1 (projected). projected_soft_cross_entropy (the head's matmul fused into the
+    loss) matches float64 maths of hidden @ W.T: numerators, counts, the TP-reduced
+    hidden-state gradient and every rank's weight-row gradient, with NaN/inf
+    hidden states at padding positions reaching none of them."""
+    cover(**case.cover())
+    steer(check_projected(case), label="projected_soft_cross_entropy: worst error / tolerance vs float64")
 
 
 @relaxed

@@ -49,7 +49,11 @@ def test_soft_ce_cases_survive_json_and_rebuild_the_same_tensors(case: SoftCECas
     decoded = SoftCECase.from_json(json.loads(json.dumps(case.to_json())))
     assert decoded == case
     for name, value in case.tensors().items():
-        assert torch.equal(decoded.tensors()[name], value), name
+        # Bitwise the same, NaN padding included (NaN != NaN for torch.equal).
+        again = decoded.tensors()[name]
+        assert again.dtype == value.dtype and torch.allclose(again, value, rtol=0, atol=0, equal_nan=True), (
+            name
+        )
 
 
 def _tiny_case(**overrides) -> DraftCase:
@@ -76,10 +80,25 @@ def _tiny_case(**overrides) -> DraftCase:
 
 def test_every_property_declares_how_its_case_is_decoded() -> None:
     names = [n for n in dir(properties) if n.startswith("test_")]
-    assert len(names) == 7
+    assert len(names) == 8
     for name in names:
         spec = spec_of(getattr(properties, name))
         assert spec is not None and spec.arg == "case", name
+
+
+def test_every_loss_entry_point_of_draft_loss_is_called_by_a_property() -> None:
+    # The default campaign missed projected_soft_cross_entropy entirely (no
+    # property called it). The loss entry points, imported from the package root:
+    here = Path(__file__).resolve().parent
+    sources = {
+        p.name: p.read_text() for p in here.glob("*.py") if p.name not in ("mutants.py", "check_mutants.py")
+    }
+    for entry in ("soft_cross_entropy", "projected_soft_cross_entropy", "CotrainWorker"):
+        assert any(
+            f"from draft_loss import {entry}" in text or f" {entry}," in text or f"import {entry}" in text
+            for text in sources.values()
+        ), entry
+        assert any(f"{entry}(" in text for text in sources.values()), f"no property calls {entry}"
 
 
 def test_a_property_replays_a_decoded_case_without_hypothesis() -> None:
@@ -196,3 +215,66 @@ def test_a_replica_that_differs_is_caught_before_its_representative_stands_for_i
     assert check_updates(case, results, reference, ranks=representatives) <= 1.0
     with pytest.raises(AssertionError, match=f"rank 3 applied update of {name}"):
         check_updates(case, wrong, reference)
+
+
+def _draws(strategy, examples: int = 30) -> list:
+    seen: list = []
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(case) -> None:
+        seen.append(case)
+
+    collect()
+    return seen
+
+
+def test_max_world_size_bounds_every_strategy_of_the_default_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `simdist fuzz --max-world-size 2` exports this; the soft-CE cases used to
+    # ignore it (MAX_TP = 4 hard-coded) and ran 3- and 4-rank worlds.
+    from draft_cases import draft_cases
+    from soft_ce_cases import soft_ce_cases
+
+    monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "2")
+    for strategy in (draft_cases(), fault_cases(), bad_input_cases()):
+        assert max(case.layout.world_size for case in _draws(strategy)) <= 2
+    for strategy in (soft_ce_cases(), soft_ce_bad_input_cases()):
+        assert {case.tp for case in _draws(strategy)} <= {1, 2}
+    monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "1")
+    assert {case.tp for case in _draws(soft_ce_cases())} == {1}
+
+
+def test_soft_ce_cases_cross_bfloat16s_exact_integer_range() -> None:
+    # Counts above 256 are where a count kept in bfloat16 rounds (257 -> 256).
+    from soft_ce_cases import soft_ce_cases
+
+    counts = [sum(1 for row in case.mask for v in row if v > 0) for case in _draws(soft_ce_cases(), 120)]
+    assert sum(count > 256 for count in counts) >= 3, sorted(counts)[-5:]
+
+
+def test_projected_and_padding_cases_survive_json_and_draw_non_finite_padding() -> None:
+    from projected_cases import ProjectedCase, projected_cases
+    from soft_ce_cases import soft_ce_cases
+
+    projected = _draws(projected_cases(), 25)
+    for case in projected:
+        assert ProjectedCase.from_json(json.loads(json.dumps(case.to_json()))) == case
+    plain = _draws(soft_ce_cases(), 40)
+    for case in plain:
+        assert SoftCECase.from_json(json.loads(json.dumps(case.to_json()))) == case
+    # Non-finite draft logits (or hidden states) where the padding is, as real padding has them.
+    for cases in (plain, [c.base for c in projected]):
+        padded = [
+            c for c in cases if c.masked_nonfinite != "none" and any(v == 0 for row in c.mask for v in row)
+        ]
+        assert padded, "no case put NaN/inf at a masked position"
+    case = padded[0]
+    student = case.tensors()["student"]
+    mask = torch.tensor(case.mask)
+    assert not torch.isfinite(student[mask == 0]).any() and torch.isfinite(student[mask != 0]).all()

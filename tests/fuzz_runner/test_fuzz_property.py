@@ -85,3 +85,20 @@ def test_the_progress_line_past_the_budget_says_what_the_workers_are_doing():
     stats.failures.append(Failure("p", "AssertionError", "boom", {"x": 1}, True, 0, 1.0, 0, ""))
     line = progress_line(stats, 61.0, 60.0, 2)
     assert "failures 1" in line and line.endswith("(finishing: shrinking failures)")
+
+
+def test_the_summary_shows_world_sizes_run_why_workers_stopped_and_what_gave_up_means():
+    from simdist.fuzz._stats import CampaignStats
+    from simdist.fuzz._summary import summary_text
+
+    stats = CampaignStats()
+    stats.add(0, {"e": "start", "properties": ["t.py::p"], "t": 2.5})
+    stats.add(0, {"e": "case", "p": "t.py::p", "s": "passed", "f": {"tp=2": "", "dp=1": ""}})
+    stats.add(0, {"e": "case", "p": "t.py::p", "s": "passed", "f": {"world=3": ""}})
+    stats.add(0, {"e": "case", "p": "t.py::p", "s": "gave_up", "f": {}})
+    stats.add(0, {"e": "done", "reason": "every property failed"})
+    text = summary_text(stats, elapsed=3.0, workers=1, seed=0, targets=["t.py"], problems=[], corpus="cases")
+    assert "world sizes 2: 1  3: 1 (cases per size)" in text
+    assert "gave_up     1 case(s) rejected before they ran" in text
+    assert "every property failed: a failing property is not fuzzed further" in text
+    assert "workers ready after 2.5 s" in text and "cases go to cases" in text

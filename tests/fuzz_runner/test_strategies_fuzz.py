@@ -234,3 +234,64 @@ def test_faults_and_reductions_shrink_to_the_simplest_choice() -> None:
 
 def test_mask_row_kinds_list_the_simplest_first() -> None:
     assert MASK_ROW_KINDS[0] == "full"
+
+
+# ------------------------------------------------------------------ distribution
+
+
+def _draw_many(strategy: st.SearchStrategy, examples: int = 200, per_example: int = 10) -> list:
+    """Draws as a campaign sees them: many per example, derandomised (the same every run)."""
+    seen: list = []
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def collect(data: st.DataObject) -> None:
+        seen.extend(data.draw(strategy) for _ in range(per_example))
+
+    collect()
+    return seen
+
+
+@pytest.mark.parametrize("axes", [("tp", "dp"), ("dp", "tp"), ("tp", "dp", "pp"), ("tp", "cp", "dp", "pp")])
+def test_layouts_draw_every_axis_alike_and_large_worlds_often(axes: tuple[str, ...]) -> None:
+    # The documented distribution: world size first (uniform over the sizes the
+    # axes can make), then a factorisation. Before, later axes were starved
+    # (dp=1 in 57-81% of (tp, dp) layouts) and world 8 came 2-6% of the time.
+    drawn = _draw_many(layouts(axes=axes))
+    n = len(drawn)
+    ones = {axis: sum(getattr(layout, axis) == 1 for layout in drawn) / n for axis in axes}
+    assert max(ones.values()) - min(ones.values()) <= 0.15, ones
+    if len(axes) == 2:  # uniform over sizes 1, 2, 3, 4, 6, 8 and their factorisations: 39%
+        assert max(ones.values()) <= 0.5, ones
+    sizes = {layout.world_size for layout in drawn}
+    largest = sum(layout.world_size == 8 for layout in drawn) / n
+    assert largest >= 0.08, f"world size 8 in {largest:.0%} of layouts"
+    # Every size the axes can make is drawn, none of them rarely.
+    for size in sizes:
+        share = sum(layout.world_size == size for layout in drawn) / n
+        assert share >= 0.5 / len(sizes), (size, share)
+
+
+def test_a_campaigns_max_world_size_bounds_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "2")
+    assert max(layout.world_size for layout in _draw_many(layouts(max_world_size=16), 30)) == 2
+    monkeypatch.setenv("SIMDIST_FUZZ_MAX_WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="SIMDIST_FUZZ_MAX_WORLD_SIZE must be a positive int"):
+        layouts()
+
+
+def test_weights_and_mask_scales_include_values_inexact_in_bfloat16_and_float16() -> None:
+    # All-dyadic weights (1, 0.5, 2, 0.25) round-trip exactly in bfloat16, so a
+    # bug keeping weights or weighted counts in low precision could never show.
+    drawn = [w for ws in _draw_many(bin_weights(), 100, 5) for w in ws]
+    rows = [v for row in _draw_many(mask_rows(4), 100, 5) for v in row]
+    for values in (drawn, rows):
+        for dtype in (torch.bfloat16, torch.float16):
+            inexact = [v for v in values if float(torch.tensor(v).to(dtype)) != v]
+            assert len(inexact) >= 0.05 * len(values), (dtype, len(inexact), len(values))

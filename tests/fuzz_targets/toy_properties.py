@@ -1,7 +1,7 @@
 """Small properties with known answers, for testing the campaign machinery itself.
 
 Not collected by the normal test run (the file name does not start with
-``test_``); tests/test_fuzz_campaign.py fuzzes it with ``simdist fuzz``.
+``test_``); tests/fuzz_runner/test_fuzz_campaign.py fuzzes it with ``simdist fuzz``.
 The planted bug: ``buggy_sum`` drops the last element of lists longer than
 three, so the shrunk counterexample is a list of four zeros... except that a
 sum of zeros hides the bug, so the minimal case has one non-zero element.

@@ -1,0 +1,57 @@
+"""Which project a campaign's target belongs to, and that project's settings.
+
+A target is fuzzed by pytest, whose rootdir is the nearest folder at or above
+the targets holding a configuration file. The same folder's ``pyproject.toml``
+``[tool.simdist]`` table says where that project's failing cases go, so a
+campaign run from anywhere writes a user's cases into the user's project,
+never into the project the command happened to be run from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_CORPUS", "default_corpus", "project_root", "simdist_settings"]
+
+# Where cases go when the project does not say: a folder in the target's rootdir.
+DEFAULT_CORPUS = "fuzz-cases"
+_CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+def project_root(targets: Sequence[str]) -> Path:
+    """The folder pytest would take as rootdir for ``targets`` (its ini-file rule)."""
+    paths = [Path(t.split("::", 1)[0]).resolve() for t in targets] or [Path.cwd().resolve()]
+    common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in paths]))
+    for folder in (common, *common.parents):
+        if any((folder / name).is_file() for name in _CONFIG_FILES):
+            return folder
+    return common
+
+
+def simdist_settings(root: Path) -> dict[str, Any]:
+    """``[tool.simdist]`` of ``root/pyproject.toml`` ({} when absent or unreadable as TOML)."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return {}
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ImportError:  # Python 3.10
+        return {}
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+    table = data.get("tool", {}).get("simdist", {})
+    return table if isinstance(table, dict) else {}
+
+
+def default_corpus(targets: Sequence[str]) -> Path:
+    """``[tool.simdist] corpus`` of the targets' project, else ``<rootdir>/fuzz-cases``."""
+    root = project_root(targets)
+    configured = simdist_settings(root).get("corpus")
+    if isinstance(configured, str) and configured:
+        return root / configured
+    return root / DEFAULT_CORPUS
