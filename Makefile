@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 FUZZ_BUDGET ?= 60
 FUZZ_WORKERS ?= 2
 
-.PHONY: demo fuzz test venv clean
+.PHONY: demo fuzz lint test venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ demo: $(STAMP)
 fuzz: $(STAMP)
 	$(VENV)/bin/simdist fuzz --budget $(FUZZ_BUDGET) --workers $(FUZZ_WORKERS) $(FUZZ_ARGS)
 
-test: $(STAMP)
+# Lint, format and types first (seconds), then the suite; CI runs exactly this.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 clean:

@@ -99,7 +99,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per campaign")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--grace", type=float, default=60.0, help="seconds to shrink a failure past the budget")
+    parser.add_argument(
+        "--grace", type=float, default=60.0, help="seconds to shrink a failure past the budget"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args()
     names, families = catalogue()

@@ -408,7 +408,7 @@ def main() -> int:
     for layout in LAYOUTS:
         case = case_for(layout)
         wall, compute, in_calls = in_world_split(case, args.reps)
-        world = _median_time(lambda: simdist.run(_noop, layout=layout), args.reps)
+        world = _median_time(lambda layout=layout: simdist.run(_noop, layout=layout), args.reps)
         with simdist.CommStats() as stats:
             simdist.run(_modes_body, layout=layout, args=_step_args(case))
         calls = stats.count().calls // layout.world_size

@@ -56,9 +56,11 @@ def _rank_step(ctx: RankContext) -> tuple[float, torch.Tensor]:
         loss.backward()
     if pp > 0:
         grad_x = x.grad
+        assert grad_x is not None  # x is a leaf that took part in backward
         dist.all_reduce(grad_x, group=ctx.groups.tp)  # each tp slice holds a part of x's grad
         dist.send(grad_x, dst=layout.rank_of(tp=tp, dp=dp, pp=pp - 1))
     grad = w.grad
+    assert grad is not None  # w is a leaf that took part in backward
     dist.all_reduce(grad, group=ctx.groups.dp)
     total = loss.detach().clone()
     dist.all_reduce(total, group=ctx.groups.dp)

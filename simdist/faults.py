@@ -250,7 +250,8 @@ class FaultPlan:
                 f"FaultPlan.random: no valid fault among kinds={kinds} ops={ops} "
                 f"(a corrupt fault needs an op that sends data, not {_SENDS_NOTHING})"
             )
-        size = world.world_size if isinstance(world, Layout) else int(world)
+        # A Layout's world_size is always set once it is built (__post_init__).
+        size = int(world.world_size or 0) if isinstance(world, Layout) else int(world)
         faults = []
         for _ in range(count):
             # Drawn in the order plans always were (a seed's valid plan stays

@@ -67,7 +67,7 @@ def _check_reduce_op(op: object, dtype: torch.dtype, collective: str) -> str:
 
 
 # Sum and product of booleans saturate: they are OR and AND.
-_BOOL_COMBINE = {
+_BOOL_COMBINE: dict[str, Callable[..., torch.Tensor]] = {
     "SUM": torch.logical_or,
     "MAX": torch.logical_or,
     "BOR": torch.logical_or,
@@ -76,7 +76,7 @@ _BOOL_COMBINE = {
     "BAND": torch.logical_and,
     "BXOR": torch.logical_xor,
 }
-_COMBINE = {
+_COMBINE: dict[str, Callable[..., torch.Tensor]] = {
     "SUM": torch.add,
     "AVG": torch.add,
     "PRODUCT": torch.mul,
@@ -142,10 +142,10 @@ class Ring(ReductionModel):
         result = torch.empty_like(flats[0])
         bounds = torch.tensor_split(torch.arange(result.numel()), n) if n > 1 else [None]
         for c in range(n):
-            if bounds[c] is None:
+            idx = bounds[c]
+            if idx is None:
                 sl = slice(0, result.numel())
             else:
-                idx = bounds[c]
                 if idx.numel() == 0:
                     continue
                 sl = slice(int(idx[0]), int(idx[-1]) + 1)

@@ -83,7 +83,7 @@ class Recorder:
 
     def __init__(self, world_size: int, keep: int = DEFAULT_RECORDS, keep_all: bool = False) -> None:
         self.t0 = time.perf_counter()
-        self._rings = [deque(maxlen=keep) for _ in range(world_size)]
+        self._rings: list[deque[Record]] = [deque(maxlen=keep) for _ in range(world_size)]
         self._all: list[Record] | None = [] if keep_all else None
         self._lock = threading.Lock()
 

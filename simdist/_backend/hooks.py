@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .._core.records import Call, GroupInfo, P2POp
+from .._core.scheduler import Scheduler
 from ..debug import _hooks as debug_hooks
 from ..errors import CollectiveMismatchError, SimulationError
 from ..faults import BackendError, Fault, FaultState, InjectedFault
-from .._core.records import Call, GroupInfo, P2POp
-from .._core.scheduler import Scheduler
 from ..trace import Recorder, tensors_of
 from .faulting import corrupt_contribution
 from .payload import T

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CollectiveMismatchError
 from .._core.records import Call, GroupInfo
+from ..errors import CollectiveMismatchError
 from . import kernels as K
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
 

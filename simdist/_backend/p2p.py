@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import CollectiveMismatchError
 from .._core.records import P2POp
+from ..errors import CollectiveMismatchError
 
 
 def deliver(send: P2POp, recv: P2POp) -> None:

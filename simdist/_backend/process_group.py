@@ -17,11 +17,11 @@ import torch.distributed as dist
 from torch._C import _increment_version
 
 from .. import stacks
+from .._core.records import Call, GroupInfo, P2POp
+from .._core.scheduler import Scheduler
 from .._isolation.c10d_state import scoped_name
 from ..errors import UnsupportedOperationError
 from ..reduction import check_reduce_op
-from .._core.records import Call, GroupInfo, P2POp
-from .._core.scheduler import Scheduler
 from . import kernels as K
 from .current import _check_caller, _current, _refused
 from .dispatch import Completion
@@ -94,10 +94,16 @@ def _bump(result: list[torch.Tensor], times: int) -> None:
 
 
 class SimProcessGroup(dist.ProcessGroup):
-    """One rank's handle on one simulated communicator."""
+    """One rank's handle on one simulated communicator.
+
+    The collectives override c10d's Backend API (lists of tensors and an
+    options object), not the Python overloads the stubs describe: hence the
+    ``override`` ignores on them.
+    """
 
     def __init__(self, world: WorldHooks, rank: int, group: GroupInfo) -> None:
-        super().__init__(group.ranks.index(rank), len(group.ranks))
+        # c10d's Python constructor takes (rank, size); the stub lists only the store form.
+        super().__init__(group.ranks.index(rank), len(group.ranks))  # type: ignore[call-arg]
         self._world = world
         self._scheduler: Scheduler = world.scheduler
         self._global_rank = rank
@@ -123,7 +129,7 @@ class SimProcessGroup(dist.ProcessGroup):
             self._world.label_group(self._info.name, desc)
 
     @property
-    def group_desc(self) -> str:  # type: ignore[override]
+    def group_desc(self) -> str:
         return self._desc
 
     def getBackendName(self) -> str:
@@ -177,7 +183,7 @@ class SimProcessGroup(dist.ProcessGroup):
         try:
             return check_reduce_op(opts.reduceOp, dtype, op)
         except UnsupportedOperationError as exc:
-            raise _refused(exc)
+            raise _refused(exc)  # noqa: B904 (the same error, re-raised once it is noted world-wide)
 
     def _check_root(self, root: int, op: str) -> None:
         if not 0 <= root < self.size():
@@ -185,7 +191,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # -- collectives ----------------------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "allreduce", tensors, opts)
         t = _one(tensors, "all_reduce")
@@ -201,7 +207,7 @@ class SimProcessGroup(dist.ProcessGroup):
         spec = OPS["all_reduce_coalesced"]
         return self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
 
-    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "broadcast", tensors, opts)
         t = _one(tensors, "broadcast")
@@ -210,7 +216,7 @@ class SimProcessGroup(dist.ProcessGroup):
         fp = (("shape", _shape(t)), ("dtype", t.dtype), ("root", root))
         return self._collective(OPS["broadcast"], fp, {T: t}, [t], root=root)
 
-    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
+    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce", tensors, opts)
         t = _one(tensors, "reduce")
@@ -220,7 +226,7 @@ class SimProcessGroup(dist.ProcessGroup):
         fp = (("shape", _shape(t)), ("dtype", t.dtype), ("reduce_op", red), ("root", root))
         return self._collective(OPS["reduce"], fp, {T: t}, [t], red, root)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -260,7 +266,7 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -309,7 +315,7 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
-    def gather(
+    def gather(  # type: ignore[override]
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -329,7 +335,7 @@ class SimProcessGroup(dist.ProcessGroup):
         fp = (("dtype", t.dtype), ("root", root))
         return self._collective(OPS["gather"], fp, {T: t, OUTS: outs}, outs, root=root)
 
-    def scatter(
+    def scatter(  # type: ignore[override]
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)

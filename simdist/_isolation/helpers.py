@@ -23,7 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.thread
 import threading
-from typing import Any
+from typing import Any, cast
 
 from .._core import identity
 from .._core.records import ThreadExit
@@ -94,7 +94,8 @@ def _start(self: threading.Thread) -> None:
 def forget_at_exit(thread_ids: set[int]) -> None:
     """Pool workers simdist gave up on (blocked in C): concurrent.futures joins
     every worker it knows at interpreter exit, which would hang on them."""
-    queues = concurrent.futures.thread._threads_queues  # type: ignore[attr-defined]
+    # A WeakKeyDictionary (typeshed says Mapping).
+    queues = cast("dict[threading.Thread, Any]", concurrent.futures.thread._threads_queues)
     for thread in list(queues):
         if thread.ident in thread_ids:
             queues.pop(thread, None)
@@ -138,7 +139,7 @@ def _submit(
     scheduler: Scheduler = world.scheduler
     if not _rank_owns(self, scheduler, rank):
         future = _originals["submit"](self, fn, *args, **kwargs)
-        future._simdist_foreign = True  # type: ignore[attr-defined]
+        future._simdist_foreign = True
         return future
     started: list[Any] = []
     pool = id(self)

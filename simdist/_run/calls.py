@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._backend.hooks import CallHooks as _BackendHooks
-from ..backend import WorldHooks
 from .._core.records import PendingCollective, Waitable
+from ..backend import WorldHooks
 from ..trace import Recorder
 
 if TYPE_CHECKING:

@@ -62,15 +62,17 @@ def _assert_same(
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", [Layout(tp=2, dp=2), Layout(tp=2, pp=2), Layout(pp=3)], ids=str)
 def test_simdist_on_cuda_matches_simdist_on_cpu(layout: Layout) -> None:
-    run = lambda device: _cpu(
-        simdist.run(
-            spmd_programs.run_programs,
-            layout=layout,
-            device=device,
-            args=(PROGRAM_NAMES, SEED),
-            timeout=TIMEOUT_S,
+    def run(device):
+        return _cpu(
+            simdist.run(
+                spmd_programs.run_programs,
+                layout=layout,
+                device=device,
+                args=(PROGRAM_NAMES, SEED),
+                timeout=TIMEOUT_S,
+            )
         )
-    )
+
     _assert_same(run("cpu"), run("cuda"), f"{layout}: cpu vs cuda")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -12,7 +14,7 @@ def mlp(
     """The same weights on every rank and in the reference (seeded here, not by the rank)."""
     gen = torch.Generator().manual_seed(seed)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(dims, dims[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(dims)):
         lin = nn.Linear(a, b, dtype=dtype)
         with torch.no_grad():
             lin.weight.copy_(torch.randn(b, a, generator=gen, dtype=dtype) / a**0.5)

@@ -46,14 +46,6 @@ VERSION_BUMPING = (
 )
 
 
-def _version_counters(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    if s["op"] not in VERSION_BUMPING:
-        return False
-    if d.aspect == "versions":
-        return True
-    return d.aspect == "backward" and "inplace-modified" in d.gloo
-
-
 NON_CONTIGUOUS = ("strided", "transposed")
 # gloo hands these ops' tensors to its C++ side as if they were contiguous.
 WRITTEN_AS_CONTIGUOUS = (
@@ -178,16 +170,6 @@ def _nn_gloo_branch(program: Program, s: dict[str, Any], d: Difference) -> bool:
 
 
 KNOWN: tuple[Known, ...] = (
-    Known(
-        "version-counters",
-        "gloo bumps autograd's _version of the outputs of all_gather (+1 per output), "
-        "all_gather_into_tensor, reduce_scatter(_tensor), gather (root) and all_to_all (+1 per "
-        "output); simdist bumps none, so backward through a tensor saved before the call "
-        "computes a gradient where gloo refuses ('modified by an inplace operation')",
-        {"world": 2, "seed": 1, "steps": [{"op": "all_gather", "saved": True}]},
-        _version_counters,
-        pending="backend (issue 18.1)",
-    ),
     Known(
         "non-contiguous-p2p",
         "gloo's send/recv/isend/irecv (batch_isend_irecv too) refuse a non-contiguous tensor "

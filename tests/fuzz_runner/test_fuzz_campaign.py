@@ -204,7 +204,7 @@ def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
         pytest.fail("the workers never started")
     run_dir = logs[0].parent
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted (Ctrl-C)" in err and "cases" in err
     data = json.loads(report.read_text())

@@ -239,7 +239,7 @@ def outer_body(ctx: simdist.RankContext) -> list[Any]:
 
 def test_a_run_started_inside_a_rank_runs_and_leaves_the_ranks_state_alone() -> None:
     results = simdist.run(outer_body, world_size=2, timeout=TIMEOUT)
-    for rank, (draws, inner, rank_seen, total) in enumerate(results):
+    for rank, (draws, _inner, rank_seen, total) in enumerate(results):
         assert draws == torch.rand(2, generator=torch.Generator().manual_seed(rank)).tolist()
         assert rank_seen == rank and total == 4.0
     assert results[0][1] == [
