@@ -71,3 +71,13 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         yield
     finally:
         settings.load_profile(previous)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _warm_gloo_worlds_end_with_the_module() -> Iterator[None]:
+    """Warm gloo worlds serve one module's cases, then go: a later test in the
+    same worker process (run_processes' own checks) must see no child left."""
+    yield
+    import diff_worlds
+
+    diff_worlds.close_gloo_worlds()

@@ -288,6 +288,13 @@ def gloo_worlds() -> GlooWorlds:
     return _worlds
 
 
+def close_gloo_worlds() -> None:
+    """Close the warm worlds now: the suite's other tests (tests/launch) check
+    that no child process is left behind, so the worlds live one module long."""
+    if _worlds is not None:
+        _worlds.close()
+
+
 def _records_body(ctx: Any, program: Program) -> Records:
     records: Records = {}
     groups = diff_interpreter.make_groups(program)
