@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from .. import stacks
+from .._backend.process_group import BACKEND_NAME
 from .._core import identity
 from .._isolation import c10d_state, helpers
 from .._isolation.rank_state import release_process
-from ..backend import BACKEND_NAME
 from ..context import RankContext, build_groups
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError

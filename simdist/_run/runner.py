@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from .._backend.registration import register_backend
 from .._core.spawn import TreeStart
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
-from ..backend import register_backend
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
 from ..faults import FaultPlan

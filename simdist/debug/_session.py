@@ -145,7 +145,7 @@ def live_sessions() -> list[DebugSession]:
 def session_of_thread() -> tuple[DebugSession | None, int]:
     """The run and rank of the calling thread (a rank or one of its helpers),
     else the run whose prompt this thread shows, else (None, -1)."""
-    from ..backend import current_world
+    from .._backend.current import current_world
 
     try:
         world, rank = current_world()
