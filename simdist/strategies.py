@@ -340,7 +340,7 @@ def fault_plans(
     world_size: int, *, max_faults: int = 2, **fault_options: object
 ) -> st.SearchStrategy[FaultPlan]:
     """``simdist.FaultPlan`` of 0..``max_faults`` faults drawn by ``faults``; shrinks towards no fault."""
-    return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]
+    return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]  # hypothesis' lists/map overloads lose the element type
         lambda drawn: FaultPlan(tuple(drawn))
     )
 
@@ -354,8 +354,8 @@ def fault_to_json(fault: Fault) -> dict[str, object]:
 
 def fault_from_json(data: Mapping[str, object]) -> Fault:
     fields = dict(data)
-    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]
-    return Fault(**fields)  # type: ignore[arg-type]
+    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]  # JSON values are untyped objects
+    return Fault(**fields)  # type: ignore[arg-type]  # JSON values are untyped objects
 
 
 class ProbeFault(NamedTuple):

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import GroupName
 
 from .. import stacks
 from .._core.records import Call, GroupInfo
@@ -49,25 +50,24 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     """
 
     def __init__(self, world: WorldHooks, rank: int, group: GroupInfo) -> None:
-        # c10d's Python constructor takes (rank, size); the stub lists only the store form.
-        super().__init__(group.ranks.index(rank), len(group.ranks))  # type: ignore[call-arg]
+        super().__init__(group.ranks.index(rank), len(group.ranks))  # type: ignore[call-arg]  # c10d's (rank, size) constructor is missing from torch's stub
         self._world = world
         self._scheduler: Scheduler = world.scheduler
         self._global_rank = rank
         self._group_rank = group.ranks.index(rank)  # rank() is a pybind call; this is hot
         self._info = group
         self._seq = 0
-        self._name = group.name
+        self._name = GroupName(group.name)
         self._desc = "undefined"
 
     # c10d stores names in the C++ backend, which a Python group does not have.
     # The name c10d resolves groups by (functional collectives, DTensor) is
     # unique to this run and rank; see c10d_state.
     def _set_group_name(self, name: str) -> None:
-        self._name = scoped_name(name)
+        self._name = GroupName(scoped_name(name))
 
     @property
-    def group_name(self) -> str:  # type: ignore[override]
+    def group_name(self) -> GroupName:
         return self._name
 
     def _set_group_desc(self, desc: str) -> None:
@@ -134,7 +134,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
 
     # -- collectives ----------------------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "allreduce", tensors, opts)
         t = one(tensors, "all_reduce")
@@ -150,7 +150,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         spec = OPS["all_reduce_coalesced"]
         return self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
 
-    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "broadcast", tensors, opts)
         t = one(tensors, "broadcast")
@@ -159,7 +159,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("root", root))
         return self._collective(OPS["broadcast"], fp, {T: t}, [t], root=root)
 
-    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
+    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce", tensors, opts)
         t = one(tensors, "reduce")
@@ -169,7 +169,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("reduce_op", red), ("root", root))
         return self._collective(OPS["reduce"], fp, {T: t}, [t], red, root)
 
-    def allgather(  # type: ignore[override]
+    def allgather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -190,7 +190,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         payload = {IN: input, OUT_FLAT: out_flat}
         return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output])
 
-    def reduce_scatter(  # type: ignore[override]
+    def reduce_scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -222,7 +222,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         payload = {IN: in_flat, OUT: out_flat}
         return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red)
 
-    def gather(  # type: ignore[override]
+    def gather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -233,7 +233,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         fp = (("dtype", t.dtype), ("root", root))
         return self._collective(OPS["gather"], fp, {T: t, OUTS: outs}, outs, root=root)
 
-    def scatter(  # type: ignore[override]
+    def scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)

@@ -63,11 +63,11 @@ class _AllOf(Waitable):
         self.works = works
 
     @property
-    def done(self) -> bool:  # type: ignore[override]
+    def done(self) -> bool:  # type: ignore[override]  # computed from the parts, over Waitable's plain attribute
         return all(w.is_completed() for w in self.works)
 
     @property
-    def error(self) -> BaseException | None:  # type: ignore[override]
+    def error(self) -> BaseException | None:  # type: ignore[override]  # computed from the parts, over Waitable's plain attribute
         for w in self.works:
             if w.exception() is not None:
                 return w.exception()

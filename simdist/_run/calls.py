@@ -24,7 +24,7 @@ class CallHooks(_BackendHooks, WorldHooks):
     options: RunOptions
 
     @property
-    def strict_call_sites(self) -> bool:  # type: ignore[override]
+    def strict_call_sites(self) -> bool:  # type: ignore[override]  # read from the options, over the backend's plain attribute
         return self.options.strict_call_sites
 
     def _on_done(self, waitable: Waitable) -> None:

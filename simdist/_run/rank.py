@@ -81,7 +81,7 @@ class RankThreads:
         # Threads the body starts are not daemons by default, as in a process
         # whose main thread starts them; the rank thread itself stays a daemon
         # for the interpreter (its flag was read when it started).
-        threading.current_thread()._daemonic = False  # type: ignore[attr-defined]
+        threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
         identity.bind(world, rank, c10d_state.new_rank_state(self.run_id, rank))
         world.scheduler.bind_thread(rank)
         try:

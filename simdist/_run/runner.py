@@ -175,7 +175,7 @@ def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
     starter = TreeStart(world.world_size, ranks.main, lambda r: f"simdist-rank-{r}")
     threads = starter.threads
     for t, done in zip(threads, ranks.exited):
-        t.simdist_exited = done  # type: ignore[attr-defined]
+        t.simdist_exited = done  # type: ignore[attr-defined]  # simdist's mark on the rank thread
         t._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
     try:
         starter.start()

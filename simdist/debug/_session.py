@@ -48,7 +48,7 @@ class DebugSession:
         self.break_seen = 0  # calls that matched break_at so far
         self.break_hit = False
         # Tracebacks of ranks that failed during the run (for `rank N` at a prompt).
-        self.failed_tb: dict[int, TracebackType] = {}
+        self.failed_tb: dict[int, TracebackType | None] = {}
         self.notes: dict[int, str] = {}  # what the state table says of a rank instead
         self.ended = False
         with _live_lock:
