@@ -52,6 +52,14 @@ def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: 
         if elapsed <= budget
         else (" (finishing: shrinking failures)" if stats.failures else " (finishing the cases in hand)")
     )
+    if stats.cases == 0 and not stats.failures:
+        # Start-up: say what the workers are doing while no case has run.
+        ready = len(stats.ready_at)
+        phase += (
+            " (starting: importing and collecting the target)"
+            if ready == 0
+            else f" ({ready}/{workers} worker(s) ready: running the first cases)"
+        )
     return (
         f"fuzz {elapsed:5.0f}/{budget:.0f} s  cases {stats.cases} ({rate:.1f}/s)  "
         f"layouts {len(stats.layouts)}  failures {len(stats.failures)}  workers {workers}{phase}"
