@@ -149,3 +149,23 @@ def test_the_progress_line_says_what_workers_do_before_the_first_case():
     assert progress_line(stats, 2.0, 60, 2).endswith("(1/2 worker(s) ready: running the first cases)")
     stats.cases = 1
     assert "ready" not in progress_line(stats, 3.0, 60, 2)
+
+
+# -- point 15: a single-property campaign and its first failure ----------------------------
+
+
+def test_a_single_property_campaign_says_why_it_stops_at_its_first_failure(tmp_path):
+    buggy = "tests/fuzz_targets/toy_properties.py::test_buggy_sum_matches_builtin"
+    proc, data = _campaign(tmp_path, "--budget", "120", "--workers", "2", buggy)
+    assert proc.returncode == 1, proc.stderr
+    assert len(data["failures"]) == 1  # found once, not once per worker
+    # Without -x the workers stop because the only property failed (not the
+    # budget), and the summary says so and why.
+    assert set(data["stop_reasons"].values()) == {"every property failed"}, data["stop_reasons"]
+    assert "stopped     every property failed: a failing property is not fuzzed further" in proc.stderr
+    assert "its only property failed, so the campaign ended before its budget" in proc.stderr
+    # -x says it stopped at the first failure, and nothing about the only property.
+    proc_x, data_x = _campaign(tmp_path, "--budget", "120", "-x", buggy)
+    assert proc_x.returncode == 1 and len(data_x["failures"]) == 1, proc_x.stderr
+    assert "stopped at the first failure (-x)" in proc_x.stderr
+    assert "its only property failed" not in proc_x.stderr
