@@ -59,7 +59,7 @@ def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: 
         if elapsed <= budget
         else (" (finishing: shrinking failures)" if stats.failures else " (finishing the cases in hand)")
     )
-    if stats.cases == 0 and not stats.failures:
+    if stats.cases == 0 and not stats.failures and elapsed <= budget:
         # Start-up: say what the workers are doing while no case has run.
         ready = len(stats.ready_at)
         phase += (
