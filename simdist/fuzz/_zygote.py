@@ -67,6 +67,10 @@ class WorkerServer:
     def __init__(
         self, pytest_args: Sequence[str], env: Mapping[str, str], seeds: Sequence[int], run_dir: Path
     ) -> None:
+        # Imported here, once, so the server (and every worker) starts with them.
+        import hypothesis  # noqa: F401
+        import pytest  # noqa: F401
+
         self.run_dir = run_dir
         self.count = len(seeds)
         env = {**env, ENV_WORKERS: str(self.count), ENV_SEEDS: ",".join(str(s) for s in seeds)}
