@@ -177,6 +177,10 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     if a.dtype == torch.bool:
         return torch.equal(a, b)
-    return torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
-    )
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    # A fresh dense copy: contiguous() keeps a one-element view's odd stride
+    # (such a tensor already counts as contiguous), which view() refuses.
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1).view(torch.uint8)
