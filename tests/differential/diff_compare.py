@@ -125,6 +125,10 @@ def _step(
     op = s["op"]
     if g is None and m is None:
         return []
+    if (g is not None and g["status"] == "pending") or (m is not None and m["status"] == "pending"):
+        # An async call one world never waited for (it died or hung at a later
+        # step, where that difference is reported): its outcome is unknown.
+        return []
     if g is None or m is None or g["status"] != m["status"]:
         return [Difference(rank, index, op, "status", _status(g), _status(m))]
     if m["status"] == "error" and (m.get("type") in UNCLEAR or len(m.get("error", "")) < 25):
