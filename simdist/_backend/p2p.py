@@ -12,6 +12,7 @@ from .. import stacks
 from .._core.records import GroupInfo, P2POp
 from .._core.scheduler import Scheduler
 from ..errors import CollectiveMismatchError
+from . import kernels as K
 from .current import _check_caller
 from .shadow import modes_active, show
 from .validation import one
@@ -51,8 +52,7 @@ class PointToPoint(_Group):
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "send", tensors, dst, tag)
-        t = one(tensors, "send")
-        _check_caller(self._scheduler, self._global_rank, "send")
+        t = self._own_tensor(tensors, "send")
         peer = self._peer(dst, "send", "dst")
         op = P2POp("send", self._info, self._global_rank, peer, tag, t.detach().clone(), stacks.call_site(2))
         return self._post(op, t)
@@ -60,11 +60,17 @@ class PointToPoint(_Group):
     def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "recv", tensors, src, tag)
-        t = one(tensors, "recv")
-        _check_caller(self._scheduler, self._global_rank, "recv")
+        t = self._own_tensor(tensors, "recv")
         peer = self._peer(src, "recv", "src")
         op = P2POp("recv", self._info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
         return self._post(op, t)
+
+    def _own_tensor(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+        """The call's one dense tensor, from one of this rank's own threads."""
+        t: torch.Tensor = one(tensors, op)
+        K.require_dense_p2p(t, op)
+        _check_caller(self._scheduler, self._global_rank, op)
+        return t
 
     def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
         self._world.before_p2p(op)

@@ -122,8 +122,11 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         world.before_call(call, info, seq)
         done = Completion(spec, info, seq, world.reduction, red, root)
         pending = self._scheduler.join_collective(info, seq, call, done, world.verify)
-        if spec.version_bumps:
-            bump(result, spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1))
+        bumps = spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1)
+        if red == "AVG":
+            bumps += spec.avg_bumps
+        if bumps:
+            bump(result, bumps)
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
@@ -138,6 +141,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "allreduce", tensors, opts)
         t = one(tensors, "all_reduce")
+        K.require_dense(t, "all_reduce", "tensor")
         red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("reduce_op", red))
         return self._collective(OPS["all_reduce"], fp, {T: t}, [t], red)
@@ -148,12 +152,18 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         fp = tuple((f"t{i}", (shape(t), t.dtype)) for i, t in enumerate(tensors))
         spec = OPS["all_reduce_coalesced"]
-        return self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
+        work = self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
+        if red == "AVG" and len(tensors) == 1:
+            # gloo's flat buffer of a single tensor is that tensor itself, so
+            # AVG's in-place division shows on its counter too (measured).
+            bump(list(tensors), 1)
+        return work
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "broadcast", tensors, opts)
         t = one(tensors, "broadcast")
+        K.require_dense(t, "broadcast", "tensor")
         root = opts.rootRank if opts is not None else 0
         root_in_group(root, self.size(), "broadcast")
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("root", root))
@@ -163,6 +173,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce", tensors, opts)
         t = one(tensors, "reduce")
+        K.require_dense(t, "reduce", "tensor")
         red = self._reduce_op(opts, t.dtype, "reduce")
         root = opts.rootRank
         root_in_group(root, self.size(), "reduce")
@@ -196,6 +207,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce_scatter", outputs, input_lists, opts)
         out = one(outputs, "reduce_scatter")
+        K.require_dense(out, "reduce_scatter", "output")
         ins = member_list(
             "reduce_scatter",
             "input_list",
@@ -228,6 +240,13 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "gather", output_lists, inputs, opts)
         t = one(inputs, "gather")
+        if t.is_complex():
+            raise _refused(
+                UnsupportedOperationError(
+                    f"gather: complex dtype {t.dtype} is not supported (gloo refuses it: 'Invalid scalar "
+                    f"type'); gather torch.view_as_real(tensor) instead"
+                )
+            )
         root = opts.rootRank
         outs = root_list("gather", root, self._group_rank, self.size(), "gather_list", output_lists, t, True)
         fp = (("dtype", t.dtype), ("root", root))
@@ -239,9 +258,18 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "scatter", outputs, input_lists, opts)
         out = one(outputs, "scatter")
+        K.require_dense(out, "scatter", "tensor")
         root = opts.rootRank
         ins = root_list(
-            "scatter", root, self._group_rank, self.size(), "scatter_list", input_lists, out, False
+            "scatter",
+            root,
+            self._group_rank,
+            self.size(),
+            "scatter_list",
+            input_lists,
+            out,
+            False,
+            dense=True,
         )
         fp = (("dtype", out.dtype), ("root", root))
         return self._collective(OPS["scatter"], fp, {OUT: out, INS: ins}, [out], root=root)
@@ -284,6 +312,8 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
                 opts,
             )
         n = self.size()
+        K.require_dense(output, "all_to_all_single", "output")
+        K.require_dense(input, "all_to_all_single", "input")
         out_splits = K.check_splits(
             output_split_sizes,
             output.shape[0] if output.dim() else 0,

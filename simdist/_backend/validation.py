@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
+from . import kernels
 from .current import _refused
 
 
@@ -65,12 +66,14 @@ def member_list(
     *,
     list_first: bool,
     same_shape: bool = False,
+    dense: bool = False,
 ) -> list[torch.Tensor]:
     """The one list of one tensor per member (all_gather's ``tensor_list``,
     reduce_scatter's ``input_list``, gather's and scatter's root list): the
     group's size, each entry of ``other``'s dtype (and shape, if asked).
 
-    ``list_first`` orders a dtype error's two names as the op's signature does.
+    ``list_first`` orders a dtype error's two names as the op's signature does;
+    ``dense`` refuses a non-contiguous entry (``kernels.require_dense``).
     """
     tensors = list(one(lists, op))
     if len(tensors) != size:
@@ -80,6 +83,8 @@ def member_list(
             same_dtype(op, f"{name}[{i}]", t, other_name, other)
         else:
             same_dtype(op, other_name, other, f"{name}[{i}]", t)
+        if dense:
+            kernels.require_dense(t, op, f"{name}[{i}]")
         if same_shape and t.shape != other.shape:
             raise ValueError(
                 f"{op}: {name}[{i}] has shape {list(t.shape)}, expected the {other_name} shape {list(other.shape)}"
@@ -96,10 +101,11 @@ def root_list(
     lists: Sequence[Sequence[torch.Tensor]],
     tensor: torch.Tensor,
     list_first: bool,
+    dense: bool = False,
 ) -> list[torch.Tensor]:
     """gather's ``gather_list`` or scatter's ``scatter_list``: only the root
     passes one (elsewhere it is empty); ``root`` is checked on every rank."""
     root_in_group(root, size, op)
     if group_rank != root:
         return []
-    return member_list(op, name, lists, size, "tensor", tensor, list_first=list_first)
+    return member_list(op, name, lists, size, "tensor", tensor, list_first=list_first, dense=dense)

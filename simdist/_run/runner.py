@@ -21,7 +21,7 @@ from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
-from ..faults import FaultPlan
+from ..faults import FaultPlan, report_unfired
 from ..layout import Layout
 from ..reduction import ReductionModel
 from ..trace import DEFAULT_RECORDS
@@ -160,6 +160,7 @@ def run_with_options(
         restore_error, observer_error = _tear_down(world, suspended, lease, run_name, observers)
     if restore_error is not None:
         raise restore_error
+    report_unfired(world.faults)  # a plan that matched no call tested nothing: say so
     # debug hook: a failing run writes its trace when asked to
     results = debug_hooks.outcome(
         world, lambda: outcome(world, ranks.results, ranks.failures, timed_out, observer_error)

@@ -14,7 +14,8 @@ order the backend combines contributions in: copies, integer and bool
 reductions, MIN/MAX, small-integer data (exact in every dtype), and groups of
 two (addition and multiplication commute). Float SUM/AVG/PRODUCT of normal
 data over three or more ranks is compared within tolerance: gloo's order is
-its own (see the README's section on where simdist differs).
+its own (see the README's section on where simdist differs). The same holds
+for gradients of differentiable collectives whose backward is a sum.
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ def order_defined(program: Program, s: dict[str, Any]) -> bool:
     return len(program.members(s)) <= 2 and s["red"] != "AVG"
 
 
+# Differentiable collectives whose backward sums the members' gradients
+# (broadcast's is a reduce to the source, all_gather's a reduce-scatter,
+# all_reduce's an all_reduce): float gradients then depend on the order.
+SUMMED_IN_BACKWARD = ("nn_broadcast", "nn_all_gather", "nn_all_reduce")
+
+
+def grad_order_defined(program: Program, s: dict[str, Any]) -> bool:
+    """True when every correct backend must give bitwise the same gradient."""
+    return s["op"] not in SUMMED_IN_BACKWARD or len(program.members(s)) <= 2
+
+
 def compare(program: Program, gloo: Outcome, sim: Outcome) -> list[Difference]:
     found: list[Difference] = []
     # A gloo process that died took its world with it: later steps are not compared.
@@ -82,8 +94,25 @@ def compare(program: Program, gloo: Outcome, sim: Outcome) -> list[Difference]:
             g, m = gloo.ranks[rank].get(index), sim.ranks[rank].get(index)
             if both_hung and (_unfinished(g) or _unfinished(m)):
                 continue
+            if crashed_at < len(program.steps) and (_lost_connection(g) or _unfinished_hang(g)):
+                # A peer's process died: this rank's call saw its socket close,
+                # or waits for it forever. What it would have done is unknown.
+                break
             found.extend(_step(program, rank, index, s, g, m))
     return found
+
+
+def _lost_connection(record: dict[str, Any] | None) -> bool:
+    if record is None or record["status"] != "error":
+        return False
+    text = record.get("error", "")
+    return (
+        "gloo/transport" in text or "Connection reset by peer" in text or "Connection closed by peer" in text
+    )
+
+
+def _unfinished_hang(record: dict[str, Any] | None) -> bool:
+    return record is not None and record["status"] == "hang"
 
 
 def _hung(records: dict[int, dict[str, Any]]) -> bool:
@@ -113,6 +142,10 @@ def _step(
     op = s["op"]
     if g is None and m is None:
         return []
+    if (g is not None and g["status"] == "pending") or (m is not None and m["status"] == "pending"):
+        # An async call one world never waited for (it died or hung at a later
+        # step, where that difference is reported): its outcome is unknown.
+        return []
     if g is None or m is None or g["status"] != m["status"]:
         return [Difference(rank, index, op, "status", _status(g), _status(m))]
     if m["status"] == "error" and (m.get("type") in UNCLEAR or len(m.get("error", "")) < 25):
@@ -120,10 +153,12 @@ def _step(
     if m["status"] != "ok":
         return []
     # None: bitwise; else the number of contributions whose order may differ.
-    exact = None if order_defined(program, s) else len(program.members(s))
+    n = len(program.members(s))
+    exact = None if order_defined(program, s) else n
+    exact_grad = None if grad_order_defined(program, s) else n
     out = []
     for aspect in sorted(set(g) | set(m) - {"status"}):
-        why = _differs(g.get(aspect), m.get(aspect), exact)
+        why = _differs(g.get(aspect), m.get(aspect), exact_grad if aspect == "grad" else exact)
         if why is not None:
             out.append(Difference(rank, index, op, aspect, why[0], why[1]))
     return out
@@ -177,6 +212,10 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     if a.dtype == torch.bool:
         return torch.equal(a, b)
-    return torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
-    )
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    # A fresh dense copy: contiguous() keeps a one-element view's odd stride
+    # (such a tensor already counts as contiguous), which view() refuses.
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1).view(torch.uint8)
