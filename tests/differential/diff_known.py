@@ -133,6 +133,17 @@ def _autograd_visible_copies(program: Program, s: dict[str, Any], d: Difference)
     return s["saved"] and d.aspect == "status" and "is a view and is being modified inplace" in d.gloo
 
 
+def _nn_broadcast_group_rank(program: Program, s: dict[str, Any], d: Difference) -> bool:
+    """torch's _Broadcast.backward keeps the gradient on the member whose group
+    rank equals the global source rank: on a subgroup that is not 0..n-1 that
+    is a non-root member of the reduce, whose tensor is scratch on gloo."""
+    if s["op"] != "nn_broadcast" or d.aspect != "grad":
+        return False
+    members = program.members(s)
+    src = members[s["root"]]
+    return members.index(d.rank) == src and d.rank != src
+
+
 def _nn_gloo_branch(program: Program, s: dict[str, Any], d: Difference) -> bool:
     return s["op"] == "nn_all_gather" and d.aspect == "status" and "is not part of group" in d.gloo
 
@@ -246,6 +257,17 @@ KNOWN: tuple[Known, ...] = (
         "(neither gloo nor NCCL) torch takes its generic all_to_all path, which works",
         {"world": 3, "seed": 1, "steps": [{"op": "nn_all_gather", "group": [0, 2]}]},
         _nn_gloo_branch,
+    ),
+    Known(
+        "nn-broadcast-group-rank",
+        "torch.distributed.nn.functional.broadcast's backward compares the global source rank "
+        "with the member's group rank (a torch bug): on a subgroup that is not ranks 0..n-1 the "
+        "source's gradient is zeroed and the member whose group rank equals the source's global "
+        "rank keeps its tensor from the backward reduce, where it is not the root; that tensor is "
+        "scratch on gloo (reduce-non-root-scratch) and unchanged on simdist, so the two gradients "
+        "differ; both are torch's wrong answer",
+        {"world": 4, "seed": 0, "steps": [{"op": "nn_broadcast", "group": [1, 2, 3], "shape": []}]},
+        _nn_broadcast_group_rank,
     ),
     Known(
         "work-result",
