@@ -1,0 +1,45 @@
+"""What a thread keeps of torch's state for itself, read as one value.
+
+torch keeps some modes per OS thread (grad mode, inference mode, autocast,
+the dispatch key sets, the torch-function and dispatch mode stacks, saved
+tensor hooks, the current CUDA device). A rank body that leaves one set (a
+bare ``torch.set_grad_enabled(False)``, ``torch.set_default_device``, which
+pushes a mode) would leave it to whatever runs next on its thread: a rank
+thread is parked for the next run (``_core.pool``) only if this reads the
+same as when the thread was new. What it cannot read is why a thread whose
+value differs is not parked but ends, as every rank thread once did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["thread_state"]
+
+_autocast_devices = ("cpu", "cuda")
+
+
+def thread_state() -> tuple[Any, ...]:
+    """This thread's torch thread-local modes, as a comparable value."""
+    C = torch._C
+    autocast = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices)
+    hooks = C._autograd._top_saved_tensors_default_hooks(False)
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        C._is_fwd_grad_enabled(),
+        C._is_multithreading_enabled(),
+        autocast,
+        torch.is_autocast_cache_enabled(),
+        C._len_torch_function_stack(),
+        C._len_torch_dispatch_stack(),
+        C._is_torch_function_enabled(),
+        C._is_torch_function_all_disabled(),
+        C._autograd._saved_tensors_hooks_is_enabled(),  # type: ignore[attr-defined]  # not in torch's stubs
+        None if hooks is None else tuple(map(id, hooks)),
+        str(C._dispatch_tls_local_include_set()),
+        str(C._dispatch_tls_local_exclude_set()),
+        torch.cuda.current_device() if torch.cuda.is_initialized() else None,
+    )
