@@ -53,13 +53,18 @@ def _check_reduce_op(op: object, dtype: torch.dtype, collective: str) -> str:
             f"{collective}: reduce op {name} is not supported by simdist "
             f"(supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)"
         )
-    if dtype.is_complex:
-        raise UnsupportedOperationError(f"{collective}: complex dtype {dtype} is not supported")
+    if dtype.is_complex and name not in ("SUM", "AVG"):
+        # gloo and NCCL reduce complex tensors as their real views, which only
+        # element-wise sums (and averages) can do.
+        raise UnsupportedOperationError(
+            f"{collective}: reduce op {name} is not supported on complex tensors (gloo and NCCL "
+            f"reduce them as real views: SUM and AVG only), got {dtype}"
+        )
     if name in _INTEGER_ONLY and dtype.is_floating_point:
         raise UnsupportedOperationError(
             f"{collective}: reduce op {name} needs an integer or bool tensor, got {dtype}"
         )
-    if name == "AVG" and not dtype.is_floating_point:
+    if name == "AVG" and not (dtype.is_floating_point or dtype.is_complex):
         raise UnsupportedOperationError(
             f"{collective}: reduce op AVG needs a floating-point tensor, got {dtype}"
         )

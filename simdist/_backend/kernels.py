@@ -19,7 +19,12 @@ def reduce_into(
     model: ReductionModel, out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, key: str
 ) -> None:
     """Reduce ``inputs`` into ``out``; ``out`` may alias ``inputs[0]`` only, so
-    any other aliasing goes through a temporary."""
+    any other aliasing goes through a temporary. Complex tensors reduce as
+    their real views (SUM and AVG only: the reduce-op check refuses the rest),
+    as gloo and NCCL do."""
+    if out.is_complex():
+        out = torch.view_as_real(out)
+        inputs = [torch.view_as_real(x) for x in inputs]
     # An input after the first aliases ``out`` when both start at one address
     # (an empty tensor aliases nothing). A plain loop: this runs on every
     # reduction, and a generator costs more than the test itself.
@@ -44,6 +49,40 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride() and src.shape == dst.shape:
         return
     dst.copy_(src)
+
+
+def dense(t: torch.Tensor) -> bool:
+    """NCCL's test: contiguous in the tensor's own memory format (a channels-last
+    image batch counts; a strided or transposed view does not)."""
+    if t.is_contiguous():
+        return True
+    if t.dim() == 4:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    if t.dim() == 5:
+        return t.is_contiguous(memory_format=torch.channels_last_3d)
+    return False
+
+
+def require_dense(t: torch.Tensor, op: str, what: str) -> None:
+    """Refuse a non-contiguous tensor where a real backend cannot take one:
+    gloo treats its memory as contiguous (it writes outside the view and leaves
+    the view's elements wrong, silently), NCCL refuses it."""
+    if not dense(t):
+        raise ValueError(
+            f"{op}: {what} must be contiguous, got shape {list(t.shape)} with strides {t.stride()} "
+            f"(NCCL refuses it: 'Tensors must be contiguous'; gloo would read and write its memory as if "
+            f"it were contiguous, outside the view); pass x.contiguous() and copy the result back"
+        )
+
+
+def require_dense_p2p(t: torch.Tensor, op: str) -> None:
+    if not dense(t):
+        raise ValueError(
+            f"{op}: tensor must be contiguous, got shape {list(t.shape)} with strides {t.stride()} "
+            f"(gloo refuses it: 'input tensor has to be contiguous', and the peer then waits forever; "
+            f"NCCL sends its memory as it lies, so both ends would need the same layout); pass "
+            f"x.contiguous() (and copy a received result back)"
+        )
 
 
 def flat(t: torch.Tensor, what: str) -> torch.Tensor:

@@ -53,6 +53,8 @@ class OpSpec:
     ``version_bumps``: how many times gloo (torch 2.13) moves autograd's version
     counter of each tensor the call returns (its outputs), measured op by op
     (``bumps_per_member``: that many per group member, one copy per slot).
+    ``avg_bumps``: how many more with reduce op AVG (gloo computes AVG as SUM,
+    then divides the result in place with a torch op autograd sees).
     """
 
     name: str
@@ -64,6 +66,7 @@ class OpSpec:
     sent_is_output: bool = False
     version_bumps: int = 0
     bumps_per_member: bool = False  # version_bumps times the group size
+    avg_bumps: int = 0
 
 
 # -- completions ------------------------------------------------------------------
@@ -197,7 +200,7 @@ _W = frozenset
 OPS: dict[str, OpSpec] = {
     s.name: s
     for s in (
-        OpSpec("all_reduce", _all_reduce, updated=_W({T}), sent=(T,), sent_is_output=True),
+        OpSpec("all_reduce", _all_reduce, updated=_W({T}), sent=(T,), sent_is_output=True, avg_bumps=1),
         OpSpec(
             "all_reduce_coalesced",
             _all_reduce_coalesced,
@@ -207,7 +210,8 @@ OPS: dict[str, OpSpec] = {
             version_bumps=1,
         ),
         OpSpec("broadcast", _broadcast, updated=_W({T}), sent=(T,)),
-        OpSpec("reduce", _reduce, updated=_W({T}), sent=(T,), sent_is_output=True),
+        # AVG's division runs on every member's tensor, the root's and the scratch ones.
+        OpSpec("reduce", _reduce, updated=_W({T}), sent=(T,), sent_is_output=True, avg_bumps=1),
         OpSpec("all_gather", _all_gather, _W({OUTS}), _W({T}), sent=(T,), version_bumps=1),
         OpSpec(
             "all_gather_into_tensor",
@@ -218,7 +222,15 @@ OPS: dict[str, OpSpec] = {
             version_bumps=1,
             bumps_per_member=True,
         ),
-        OpSpec("reduce_scatter", _reduce_scatter, _W({OUT}), _W({INS}), sent=(INS,), version_bumps=1),
+        OpSpec(
+            "reduce_scatter",
+            _reduce_scatter,
+            _W({OUT}),
+            _W({INS}),
+            sent=(INS,),
+            version_bumps=1,
+            avg_bumps=1,
+        ),
         OpSpec(
             "reduce_scatter_tensor",
             _reduce_scatter_tensor,

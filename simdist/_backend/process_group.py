@@ -175,8 +175,11 @@ class SimProcessGroup(dist.ProcessGroup):
         world.before_call(call, info, seq)
         done = Completion(spec, info, seq, world.reduction, red, root)
         pending = self._scheduler.join_collective(info, seq, call, done, world.verify)
-        if spec.version_bumps:
-            _bump(result, spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1))
+        bumps = spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1)
+        if red == "AVG":
+            bumps += spec.avg_bumps
+        if bumps:
+            _bump(result, bumps)
         return SimWork(self._scheduler, self._global_rank, pending, result)
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
@@ -195,6 +198,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "allreduce", tensors, opts)
         t = _one(tensors, "all_reduce")
+        K.require_dense(t, "all_reduce", "tensor")
         red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         fp = (("shape", _shape(t)), ("dtype", t.dtype), ("reduce_op", red))
         return self._collective(OPS["all_reduce"], fp, {T: t}, [t], red)
@@ -205,12 +209,18 @@ class SimProcessGroup(dist.ProcessGroup):
         red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         fp = tuple((f"t{i}", (_shape(t), t.dtype)) for i, t in enumerate(tensors))
         spec = OPS["all_reduce_coalesced"]
-        return self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
+        work = self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
+        if red == "AVG" and len(tensors) == 1:
+            # gloo's flat buffer of a single tensor is that tensor itself, so
+            # AVG's in-place division shows on its counter too (measured).
+            _bump(list(tensors), 1)
+        return work
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "broadcast", tensors, opts)
         t = _one(tensors, "broadcast")
+        K.require_dense(t, "broadcast", "tensor")
         root = opts.rootRank if opts is not None else 0
         self._check_root(root, "broadcast")
         fp = (("shape", _shape(t)), ("dtype", t.dtype), ("root", root))
@@ -220,6 +230,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce", tensors, opts)
         t = _one(tensors, "reduce")
+        K.require_dense(t, "reduce", "tensor")
         red = self._reduce_op(opts, t.dtype, "reduce")
         root = opts.rootRank
         self._check_root(root, "reduce")
@@ -272,6 +283,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce_scatter", outputs, input_lists, opts)
         out = _one(outputs, "reduce_scatter")
+        K.require_dense(out, "reduce_scatter", "output")
         ins = list(_one(input_lists, "reduce_scatter"))
         n = self.size()
         if len(ins) != n:
@@ -321,6 +333,13 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "gather", output_lists, inputs, opts)
         t = _one(inputs, "gather")
+        if t.is_complex():
+            raise _refused(
+                UnsupportedOperationError(
+                    f"gather: complex dtype {t.dtype} is not supported (gloo refuses it: 'Invalid scalar "
+                    f"type'); gather torch.view_as_real(tensor) instead"
+                )
+            )
         root = opts.rootRank
         self._check_root(root, "gather")
         outs: list[torch.Tensor] = []
@@ -341,6 +360,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "scatter", outputs, input_lists, opts)
         out = _one(outputs, "scatter")
+        K.require_dense(out, "scatter", "tensor")
         root = opts.rootRank
         self._check_root(root, "scatter")
         ins: list[torch.Tensor] = []
@@ -352,6 +372,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 )
             for j, x in enumerate(ins):
                 _same_dtype("scatter", "tensor", out, f"scatter_list[{j}]", x)
+                K.require_dense(x, "scatter", f"scatter_list[{j}]")
         fp = (("dtype", out.dtype), ("root", root))
         return self._collective(OPS["scatter"], fp, {OUT: out, INS: ins}, [out], root=root)
 
@@ -393,6 +414,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 opts,
             )
         n = self.size()
+        K.require_dense(output, "all_to_all_single", "output")
+        K.require_dense(input, "all_to_all_single", "input")
         out_splits = K.check_splits(
             output_split_sizes,
             output.shape[0] if output.dim() else 0,
@@ -422,6 +445,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "send", tensors, dst, tag)
         t = _one(tensors, "send")
+        K.require_dense_p2p(t, "send")
         _check_caller(self._scheduler, self._global_rank, "send")
         peer = self._peer(dst, "send", "dst")
         op = P2POp("send", self.info, self._global_rank, peer, tag, t.detach().clone(), stacks.call_site(2))
@@ -431,6 +455,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "recv", tensors, src, tag)
         t = _one(tensors, "recv")
+        K.require_dense_p2p(t, "recv")
         _check_caller(self._scheduler, self._global_rank, "recv")
         peer = self._peer(src, "recv", "src")
         op = P2POp("recv", self.info, peer, self._global_rank, tag, t.data, stacks.call_site(2))

@@ -229,13 +229,34 @@ def test_an_output_overlapping_another_members_input_is_refused() -> None:
     assert "rank 0's output 'out_flat'" in message and "rank 1's input 'in'" in message
 
 
+def columns_body(ctx: simdist.RankContext, matrix: torch.Tensor) -> list[list[float]]:
+    # Each rank gathers into two columns of one shared matrix: interleaved with
+    # the other rank's columns in memory, never the same element.
+    outs = [matrix[:, 2 * ctx.rank], matrix[:, 2 * ctx.rank + 1]]
+    dist.all_gather(outs, torch.full((3,), float(ctx.rank + 1)))
+    return [o.tolist() for o in outs]
+
+
+def test_interleaved_views_that_share_no_element_are_legal() -> None:
+    matrix = torch.zeros(3, 4)
+    want = [[1.0] * 3, [2.0] * 3]
+    got = simdist.run(columns_body, world_size=2, timeout=TIMEOUT, args=(matrix,), share_args=True)
+    assert got == [want, want]
+    assert matrix.tolist() == [[1.0, 2.0, 1.0, 2.0]] * 3
+
+
 def column_body(ctx: simdist.RankContext, matrix: torch.Tensor) -> list[float]:
-    column = matrix[:, ctx.rank]  # interleaved with the other rank's column, never the same element
+    column = matrix[:, ctx.rank]
     dist.all_reduce(column)
     return column.tolist()
 
 
-def test_interleaved_views_that_share_no_element_are_legal() -> None:
+def test_a_strided_view_is_refused_where_gloo_would_write_outside_it() -> None:
+    # gloo's all_reduce reads and writes a strided view's memory as if it were
+    # contiguous (measured: wrong values, elements outside the view changed);
+    # NCCL refuses it. simdist refuses it on every member, naming the strides.
     matrix = torch.arange(6, dtype=torch.float32).reshape(3, 2)
-    want = (matrix[:, 0] + matrix[:, 1]).tolist()
-    assert simdist.run(column_body, world_size=2, timeout=TIMEOUT, args=(matrix,)) == [want, want]
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(column_body, world_size=2, timeout=TIMEOUT, args=(matrix,))
+    assert sorted(info.value.failures) == [0, 1]
+    assert "all_reduce: tensor must be contiguous, got shape [3] with strides (2,)" in str(info.value)

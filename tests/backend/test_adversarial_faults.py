@@ -32,13 +32,19 @@ TP_DP = Layout(tp=2, dp=2)
 
 
 def strided_body(ctx: simdist.RankContext) -> dict[str, Any]:
-    base = torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * (ctx.rank + 1)
-    reduced = base.t()  # not contiguous
+    # all_reduce takes a non-contiguous tensor only when it is dense in its own
+    # memory format (channels-last); all_gather takes any view as its input.
+    base = torch.tensor([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 2, 1, 2) * (ctx.rank + 1)
+    reduced = base.to(memory_format=torch.channels_last)  # not contiguous
     dist.all_reduce(reduced)
     mine = (torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * (ctx.rank + 1)).t()
     slots = [torch.zeros(2, 2) for _ in range(ctx.world_size)]
     dist.all_gather(slots, mine)
-    return {"reduced": reduced.tolist(), "gathered": [s.tolist() for s in slots], "mine": mine.tolist()}
+    return {
+        "reduced": reduced.reshape(2, 2).tolist(),
+        "gathered": [s.tolist() for s in slots],
+        "mine": mine.tolist(),
+    }
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather"])

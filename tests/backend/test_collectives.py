@@ -1056,19 +1056,20 @@ def views_body(ctx: simdist.RankContext) -> dict[str, Any]:
     """Collectives on views of larger buffers must write through to the buffer."""
     r = ctx.rank
     out: dict[str, Any] = {}
-    base = torch.arange(6.0).reshape(2, 3) * (r + 1)
-    dist.all_reduce(base.t())  # transposed: not contiguous
-    out["transposed_all_reduce"] = base.tolist()
-    other = torch.arange(6.0).reshape(2, 3) * (r + 1)
-    dist.broadcast(other.t(), src=1)
-    out["transposed_broadcast"] = other.tolist()
+    # channels-last: not contiguous, but dense in its own memory format (NCCL and gloo take it)
+    base = (torch.arange(8.0).reshape(1, 2, 2, 2) * (r + 1)).to(memory_format=torch.channels_last)
+    dist.all_reduce(base)
+    out["channels_last_all_reduce"] = base.tolist()
+    other = (torch.arange(8.0).reshape(1, 2, 2, 2) * (r + 1)).to(memory_format=torch.channels_last)
+    dist.broadcast(other, src=1)
+    out["channels_last_broadcast"] = other.tolist()
     flat_buffer = torch.full((10,), -1.0)
     flat_buffer[3:6] = float(r + 1)
     dist.all_reduce(flat_buffer[3:6])  # a slice with a storage offset, as in bucketed DDP
     out["slice_all_reduce"] = flat_buffer.tolist()
-    strided = torch.arange(8.0) + 10 * r
-    dist.all_reduce(strided[::2], op=dist.ReduceOp.MAX)
-    out["strided_all_reduce"] = strided.tolist()
+    strided = torch.full((2, 8), -1.0)
+    dist.all_gather([strided[0, ::2], strided[1, 1::2]], torch.arange(4.0) + 10 * r)
+    out["strided_all_gather"] = strided.tolist()
     gathered = torch.full((2, 4), -1.0)
     dist.all_gather_into_tensor(gathered.view(-1)[2:6], torch.full((2,), float(r)))
     out["gather_into_slice"] = gathered.tolist()
@@ -1077,16 +1078,95 @@ def views_body(ctx: simdist.RankContext) -> dict[str, Any]:
 
 def test_views_are_written_through() -> None:
     results = simdist.run(views_body, world_size=2, timeout=TIMEOUT)
-    xs = [np.arange(6.0).reshape(2, 3) * (r + 1) for r in range(2)]
-    strided = [np.arange(8.0) + 10 * r for r in range(2)]
-    for r, got in enumerate(results):
-        assert got["transposed_all_reduce"] == ref.all_reduce(xs, "SUM")[0].tolist()
-        assert got["transposed_broadcast"] == ref.broadcast(xs, 1)[0].tolist()
+    xs = [np.arange(8.0).reshape(1, 2, 2, 2) * (r + 1) for r in range(2)]
+    for got in results:
+        assert got["channels_last_all_reduce"] == ref.all_reduce(xs, "SUM")[0].tolist()
+        assert got["channels_last_broadcast"] == ref.broadcast(xs, 1)[0].tolist()
         assert got["slice_all_reduce"] == [-1.0] * 3 + [3.0] * 3 + [-1.0] * 4
-        want_strided = strided[r].copy()
-        want_strided[::2] = ref.all_reduce([x[::2] for x in strided], "MAX")[0]
-        assert got["strided_all_reduce"] == want_strided.tolist()
+        want = np.full((2, 8), -1.0)
+        want[0, ::2] = np.arange(4.0)
+        want[1, 1::2] = np.arange(4.0) + 10
+        assert got["strided_all_gather"] == want.tolist()
         assert got["gather_into_slice"] == [[-1.0, -1.0, 0.0, 0.0], [1.0, 1.0, -1.0, -1.0]]
+
+
+def _strided(r: int) -> torch.Tensor:
+    return (torch.arange(8.0) + 10 * r)[::2]
+
+
+# Where gloo reads or writes a non-contiguous tensor's memory as if it were
+# contiguous (measured on torch 2.13: wrong values, elements outside the view
+# written) and NCCL refuses it, simdist refuses it: on every member for collectives.
+NON_CONTIGUOUS_CALLS: dict[str, Callable[[int], object]] = {
+    "all_reduce": lambda r: dist.all_reduce(_strided(r)),
+    "transposed all_reduce": lambda r: dist.all_reduce(torch.zeros(2, 3).t()),
+    "broadcast": lambda r: dist.broadcast(_strided(r), src=0),
+    "reduce": lambda r: dist.reduce(_strided(r), dst=0),
+    "scatter": lambda r: dist.scatter(_strided(r), [torch.zeros(4)] * 2 if r == 0 else None, src=0),
+    "scatter_list": lambda r: dist.scatter(torch.zeros(4), [_strided(0)] * 2 if r == 0 else None, src=0),
+    "reduce_scatter": lambda r: dist.reduce_scatter(_strided(r), [torch.ones(4), torch.ones(4)]),
+    "all_to_all_single": lambda r: dist.all_to_all_single(_strided(r), torch.ones(4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NON_CONTIGUOUS_CALLS))
+def test_non_contiguous_tensors_are_refused_where_gloo_writes_them_as_contiguous(name: str) -> None:
+    def body(ctx: simdist.RankContext) -> None:
+        NON_CONTIGUOUS_CALLS[name](ctx.rank)
+
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(body, world_size=2, timeout=TIMEOUT)
+    failures = info.value.failures
+    # scatter_list: only the root passes a list; the other member is stopped with it.
+    assert sorted(failures) == ([0] if name == "scatter_list" else [0, 1])
+    for exc in failures.values():
+        assert isinstance(exc, ValueError), exc
+        assert "must be contiguous" in str(exc) and "strides" in str(exc)
+
+
+def p2p_strided_body(ctx: simdist.RankContext, side: str) -> str:
+    if (ctx.rank == 0) == (side == "send"):
+        try:
+            if side == "send":
+                dist.send(_strided(0), dst=1)
+            else:
+                dist.recv(_strided(1), src=0)
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+    # The peer makes its half of the transfer, which can now never complete.
+    if side == "send":
+        dist.recv(torch.zeros(4), src=0)
+    else:
+        dist.send(torch.zeros(4), dst=1)
+    return "peer"
+
+
+@pytest.mark.parametrize("side", ["send", "recv"])
+def test_non_contiguous_p2p_is_refused_as_gloo_refuses_it_and_the_peer_is_not_left_waiting(side: str) -> None:
+    # gloo: 'input tensor has to be contiguous', and the peer then hangs until its
+    # timeout. simdist refuses the same call; the peer's wait is reported, not hung.
+    with pytest.raises(simdist.DeadlockError) as info:
+        simdist.run(p2p_strided_body, world_size=2, timeout=TIMEOUT, args=(side,))
+    assert "recv from rank 0" in str(info.value) or "send to rank 1" in str(info.value)
+
+
+def test_a_caught_p2p_refusal_says_what_is_wrong() -> None:
+    def body(ctx: simdist.RankContext) -> str:
+        if ctx.rank == 0:
+            try:
+                dist.send(_strided(0), dst=1)
+            except ValueError as exc:
+                message = str(exc)
+            dist.send(torch.zeros(4), dst=1)
+            return message
+        t = torch.ones(4)
+        dist.recv(t, src=0)
+        return str(t.tolist())
+
+    message, received = simdist.run(body, world_size=2, timeout=TIMEOUT)
+    assert message.startswith("send: tensor must be contiguous, got shape [4] with strides (2,)")
+    assert received == str([0.0] * 4)
 
 
 def edge_shapes_body(ctx: simdist.RankContext) -> dict[str, Any]:

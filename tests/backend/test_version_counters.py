@@ -2,8 +2,8 @@
 
 gloo (torch 2.13) writes some outputs through tensor copies that autograd sees
 (all_gather's list, all_gather_into_tensor once per member, reduce_scatter, gather's
-list on the destination, all_to_all's list, all_reduce_coalesced) and the rest
-straight into memory. A tensor saved for backward and then overwritten by one
+list on the destination, all_to_all's list, all_reduce_coalesced, and AVG's
+division after a sum) and the rest straight into memory. A tensor saved for backward and then overwritten by one
 of the former makes backward raise on gloo; simdist must raise too, not
 compute a gradient from overwritten values.
 """
@@ -52,6 +52,23 @@ def _calls(rank: int, n: int) -> list[tuple[str, list[torch.Tensor], Callable[[]
         ("all_to_all", [*a2a_outs, *a2a_ins], lambda: dist.all_to_all(a2a_outs, a2a_ins)),
         ("all_to_all_single", [a2s_in, a2s_out], lambda: dist.all_to_all_single(a2s_out, a2s_in)),
         ("all_reduce_coalesced", [co_a, co_b], lambda: dist.all_reduce_coalesced([co_a, co_b])),
+    ]
+    # AVG: gloo sums, then divides the result in place with a torch op autograd sees.
+    avg = dist.ReduceOp.AVG
+    y1, y2 = t(4), t(4)
+    ars_out, ars_ins = torch.zeros(2), [t(2) for _ in range(n)]
+    arst_in, arst_out = t(2 * n), torch.zeros(2)
+    aco = t(2)
+    calls += [
+        ("all_reduce AVG", [y1], lambda: dist.all_reduce(y1, op=avg)),
+        ("reduce AVG", [y2], lambda: dist.reduce(y2, 0, op=avg)),
+        ("reduce_scatter AVG", [ars_out, *ars_ins], lambda: dist.reduce_scatter(ars_out, ars_ins, op=avg)),
+        (
+            "reduce_scatter_tensor AVG",
+            [arst_in, arst_out],
+            lambda: dist.reduce_scatter_tensor(arst_out, arst_in, op=avg),
+        ),
+        ("all_reduce_coalesced AVG", [aco], lambda: dist.all_reduce_coalesced([aco], op=avg)),
     ]
     if peer is not None:
         if rank == 0:
@@ -113,6 +130,7 @@ def test_version_counters_move_as_on_gloo_op_by_op(gloo_table: list[dict[str, li
     assert gloo_table[0]["all_gather"] == [0, 1, 1, 1]
     assert gloo_table[0]["all_gather_into_tensor"] == [0, 3]  # one per member
     assert gloo_table[0]["all_reduce"] == [0] and gloo_table[1]["recv"] == [0]
+    assert gloo_table[1]["all_reduce AVG"] == [1] and gloo_table[1]["reduce AVG"] == [1]
 
 
 @pytest.mark.gloo

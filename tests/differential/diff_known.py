@@ -58,15 +58,13 @@ WRITTEN_AS_CONTIGUOUS = (
 )
 
 
-def _non_contiguous_p2p(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    """gloo refuses non-contiguous send and recv tensors; the peer then waits forever."""
-    if s["op"] not in ("send_recv", "batch_ring") or s["view"] not in NON_CONTIGUOUS:
-        return False
-    return d.aspect == "status"
-
-
 def _non_contiguous_written_as_contiguous(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    return s["op"] in WRITTEN_AS_CONTIGUOUS and s["view"] in NON_CONTIGUOUS
+    return (
+        s["op"] in WRITTEN_AS_CONTIGUOUS
+        and s["view"] in NON_CONTIGUOUS
+        and d.aspect == "status"
+        and "must be contiguous" in d.simdist
+    )
 
 
 def _non_contiguous_into_tensor(program: Program, s: dict[str, Any], d: Difference) -> bool:
@@ -104,44 +102,14 @@ def _stacked_reduce_scatter_tensor(program: Program, s: dict[str, Any], d: Diffe
     )
 
 
-def _complex_reductions(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    return (
-        s["op"] in ("reduce", "reduce_scatter", "reduce_scatter_tensor")
-        and s["dtype"] == "complex64"
-        and d.aspect == "status"
-        and "complex dtype" in d.simdist
-    )
-
-
 def _work_result(program: Program, s: dict[str, Any], d: Difference) -> bool:
     return d.aspect == "result_aliases"
-
-
-def _avg_version_counter(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    """gloo computes AVG as SUM followed by an in-place division, which autograd sees."""
-    if s["red"] != "AVG" or s["op"] not in (
-        "all_reduce",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-    ):
-        return False
-    return d.aspect == "versions" or (d.aspect == "backward" and "inplace-modified" in d.gloo)
 
 
 def _mismatch_detected(program: Program, s: dict[str, Any], d: Difference) -> bool:
     """Members reached different calls (a skipped step): gloo pairs them blindly
     and hangs, simdist names the mismatch."""
     return d.aspect == "status" and "CollectiveMismatchError" in d.simdist and d.gloo.startswith("hang")
-
-
-def _complex_gather(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    return (
-        s["op"] == "gather"
-        and s["dtype"] == "complex64"
-        and d.aspect == "status"
-        and "Invalid scalar type" in d.gloo
-    )
 
 
 def _reduce_non_root_scratch(program: Program, s: dict[str, Any], d: Difference) -> bool:
@@ -171,24 +139,15 @@ def _nn_gloo_branch(program: Program, s: dict[str, Any], d: Difference) -> bool:
 
 KNOWN: tuple[Known, ...] = (
     Known(
-        "non-contiguous-p2p",
-        "gloo's send/recv/isend/irecv (batch_isend_irecv too) refuse a non-contiguous tensor "
-        "('input tensor has to be contiguous'), and the peer then waits forever; simdist sends "
-        "and receives through the strided view",
-        {"world": 2, "seed": 1, "steps": [{"op": "send_recv", "root": 0, "peer": 1, "view": "strided"}]},
-        _non_contiguous_p2p,
-        pending="backend (reported by diff)",
-    ),
-    Known(
         "non-contiguous-written-as-contiguous",
         "gloo's all_reduce, reduce, broadcast, scatter, reduce_scatter (list) and "
-        "all_to_all_single treat a non-contiguous output as if it were contiguous: they write the "
+        "all_to_all_single treat a non-contiguous tensor as if it were contiguous: they write the "
         "first numel elements of its storage (outside the view) and leave the view's own elements "
-        "wrong, silently; NCCL refuses such tensors ('Tensors must be contiguous'); simdist writes "
-        "the view correctly, so a test passes on simdist that computes garbage on gloo",
+        "wrong, silently (right only for a dense permuted layout shared by every member); NCCL "
+        "refuses such tensors ('Tensors must be contiguous'); simdist refuses them too, naming the "
+        "strides. Intended: the stricter of the two real backends",
         {"world": 2, "seed": 1, "steps": [{"op": "all_reduce", "view": "strided", "dtype": "int64"}]},
         _non_contiguous_written_as_contiguous,
-        pending="backend (reported by diff: refuse, as NCCL does)",
     ),
     Known(
         "non-contiguous-into-tensor",
@@ -212,10 +171,11 @@ KNOWN: tuple[Known, ...] = (
         "gloo's all_gather_into_tensor accepts only the concatenated output ([n * d0, ...]): it "
         "refuses the stacked form [n, *shape] that torch documents (and NCCL accepts), 0-dim "
         "inputs included ('ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected "
-        "(1), got (1, 1))'); simdist accepts both forms, as NCCL does",
+        "(1), got (1, 1))'); simdist accepts both forms, as NCCL does (it checks only that the "
+        "output has group size times the input's elements). Intended: torch's documented "
+        "semantics, which NCCL implements",
         {"world": 2, "seed": 1, "steps": [{"op": "all_gather_into_tensor", "shape": []}]},
         _stacked_all_gather_into_tensor,
-        pending="backend (reported by diff)",
     ),
     Known(
         "stacked-reduce-scatter-tensor",
@@ -223,30 +183,9 @@ KNOWN: tuple[Known, ...] = (
         "outputShape[0] * worldSize == inputShape[0]', or 'output with shape [1] doesn't match the "
         "broadcast shape [1, 1]'): it refuses the stacked [n, *shape] input torch documents (and "
         "NCCL accepts), and a 0-dim output kills the gloo process (SIGSEGV); "
-        "simdist accepts both forms, as NCCL does",
+        "simdist accepts both forms, as NCCL does. Intended: torch's documented semantics",
         {"world": 2, "seed": 1, "steps": [{"op": "reduce_scatter_tensor", "shape": [2], "stack": True}]},
         _stacked_reduce_scatter_tensor,
-        pending="backend (reported by diff)",
-    ),
-    Known(
-        "complex-reductions",
-        "gloo's reduce, reduce_scatter and reduce_scatter_tensor of complex tensors with SUM "
-        "succeed (torch turns only all_reduce's complex tensors into real views before the backend "
-        "sees them); simdist refuses complex dtypes there ('complex dtype torch.complex64 is not "
-        "supported')",
-        {"world": 2, "seed": 1, "steps": [{"op": "reduce_scatter", "dtype": "complex64"}]},
-        _complex_reductions,
-        pending="backend (reported by diff)",
-    ),
-    Known(
-        "avg-version-counter",
-        "gloo computes AVG as SUM and then divides the result in place with a torch op, which "
-        "moves the version counter (all_reduce, reduce on every member, reduce_scatter); simdist "
-        "moves none, so backward through a tensor saved before the call differs as for "
-        "version-counters",
-        {"world": 2, "seed": 1, "steps": [{"op": "all_reduce", "red": "AVG", "saved": True}]},
-        _avg_version_counter,
-        pending="backend (reported by diff, with issue 18.1)",
     ),
     Known(
         "mismatch-detected",
@@ -259,14 +198,6 @@ KNOWN: tuple[Known, ...] = (
             "steps": [{"op": "all_reduce", "skip": True}, {"op": "broadcast", "root": 1}],
         },
         _mismatch_detected,
-    ),
-    Known(
-        "complex-gather",
-        "gloo's gather refuses complex tensors ('Invalid scalar type'); simdist gathers them "
-        "(as it does for all_gather, scatter and the rest, which gloo accepts too)",
-        {"world": 2, "seed": 1, "steps": [{"op": "gather", "dtype": "complex64"}]},
-        _complex_gather,
-        pending="backend (reported by diff)",
     ),
     Known(
         "reduce-non-root-scratch",
@@ -300,10 +231,11 @@ KNOWN: tuple[Known, ...] = (
         "autograd-visible-gloo-copies",
         "gloo's all_gather_into_tensor splits its output with a torch op autograd records, so an "
         "output that requires grad (a non-leaf) is refused ('Output 0 of Split is a view and is "
-        "being modified inplace'); simdist writes outputs outside autograd",
+        "being modified inplace'); NCCL writes the output buffer directly, and so does simdist "
+        "(outside autograd; its version counter moves as gloo's does). Intended: gloo's split is "
+        "an implementation detail a cluster does not share",
         {"world": 2, "seed": 1, "steps": [{"op": "all_gather_into_tensor", "saved": True}]},
         _autograd_visible_copies,
-        pending="backend (reported by diff, with issue 18.1)",
     ),
     Known(
         "nn-functional-gloo-branch",
@@ -319,10 +251,10 @@ KNOWN: tuple[Known, ...] = (
         "work-result",
         "work.result() (a deprecated API) differs: gloo's raises for isend/irecv Works and returns "
         "every output of all_gather_into_tensor's Work; simdist returns the written tensors "
-        "(harmless: the results are in the tensors passed)",
+        "(harmless: the results are in the tensors passed). Intended: a deprecated API whose "
+        "result torch does not specify per backend",
         {"world": 2, "seed": 1, "steps": [{"op": "send_recv", "root": 0, "peer": 1, "async": True}]},
         _work_result,
-        pending="backend (reported by diff)",
     ),
 )
 
