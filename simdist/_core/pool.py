@@ -160,8 +160,11 @@ class _Worker:
     def _park(self, seat: Seat) -> bool:
         """Park the thread for a later task (True once it has one), or end it."""
         ident = threading.get_ident()
-        _drop_thread_locals()
-        clean = _thread_state(self.fingerprint) == self.pristine
+        try:
+            _drop_thread_locals()
+            clean = _thread_state(self.fingerprint) == self.pristine
+        except Exception:
+            clean = False  # a state it cannot read is not one it can vouch for
         with _lock:
             keep = clean and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
             if keep:
@@ -173,11 +176,16 @@ class _Worker:
             seat.released.set()
             return False
         seat.released.set()
-        # Parked until a run takes it (the wait is bounded only so that it
-        # stays a loop); never listed, never interrupted (see ``identity``).
-        while not self.permit.acquire(timeout=_PARK_S):
-            pass
-        return not self.ending
+        while True:
+            # Parked until a run takes it (the wait is bounded only so that it
+            # stays a loop); never listed, never interrupted (see ``identity``).
+            while not self.permit.acquire(timeout=_PARK_S):
+                pass
+            if self.ending or self.seat is not None:
+                return not self.ending
+            with _lock:  # woken by a start that failed before giving it a task
+                _hide(ident)
+                _idle.append(self)
 
 
 def _thread_state(fingerprint: Callable[[], Any]) -> Any:
@@ -243,11 +251,15 @@ class PooledStart:
             taken = [_idle.pop() for _ in range(min(len(_idle), n))]
             for worker in taken:
                 _show(worker.thread)  # listed again before it runs anything
-        fresh = [_Worker() for _ in range(n - len(taken))]
-        for i, (seat, worker) in enumerate(zip(seats, taken + fresh)):
-            worker.assign(seat, _bound(self._target, i), self._fingerprint)
-        for worker in taken:
-            worker.permit.release()
+        try:
+            fresh = [_Worker() for _ in range(n - len(taken))]
+            for i, (seat, worker) in enumerate(zip(seats, taken + fresh)):
+                worker.assign(seat, _bound(self._target, i), self._fingerprint)
+        finally:
+            # Even if interrupted here: a taken thread left without a task
+            # would stay listed and parked for ever (it parks itself again).
+            for worker in taken:
+                worker.permit.release()
         if fresh:
             offset, name = len(taken), self._name
             starter = TreeStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i))

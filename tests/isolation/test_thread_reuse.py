@@ -327,3 +327,29 @@ def test_the_interpreter_exits_with_parked_threads_and_a_forked_child_runs(how: 
     if how == "fork":
         assert "child 0" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stderr and "Fatal" not in proc.stderr, proc.stderr
+
+
+def test_a_start_interrupted_before_its_threads_have_tasks_parks_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    simdist.run(lambda ctx: None, world_size=WORLD, timeout=TIMEOUT)
+    if pool.idle_count() < WORLD:
+        pytest.skip("the pool is full or off in this process")
+    listed = set(threading.enumerate())
+    parked = pool.idle_count()
+
+    def interrupted(target: Any, i: int) -> Any:
+        raise KeyboardInterrupt  # Ctrl-C while the caller hands out tasks
+
+    monkeypatch.setattr(pool, "_bound", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.PooledStart(WORLD, lambda i: None, lambda i: f"never-{i}").start()
+    monkeypatch.undo()
+    end = threading.Event()
+    for _ in range(1000):  # the woken threads park themselves again
+        if pool.idle_count() == parked and set(threading.enumerate()) == listed:
+            break
+        end.wait(0.01)
+    assert pool.idle_count() == parked
+    assert set(threading.enumerate()) == listed
+    assert simdist.run(_sum_ranks, world_size=WORLD, timeout=TIMEOUT) == [float(sum(range(WORLD)))] * WORLD
