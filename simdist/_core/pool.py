@@ -11,8 +11,9 @@ leave behind in its thread is put back or checked before the thread is
 parked: its ``threading.local`` values are dropped (as a thread's exit drops
 them), each task runs in a fresh ``contextvars.Context`` (a new thread's
 context is empty), its name and daemon flag are set per task, and
-``fingerprint`` (given by the caller: what it knows how to read of a
-thread's state, such as torch's grad mode) must read the same as when the
+``tidy`` (given by the caller) empties caches it knows a thread keeps, and
+``fingerprint`` (also the caller's: what it knows how to read of a thread's
+state, such as torch's grad mode) must then read the same as when the
 thread was new, and no trace or profile function may be left set; a thread
 that fails a check, whose task raised, or that its run gave up on (stuck
 past the watchdog) is not parked but ends, as it always did.
@@ -43,8 +44,9 @@ __all__ = ["MAX_IDLE", "PooledStart", "Seat", "idle_count"]
 
 _PARK_S = 60.0
 # At most this many threads are parked (a 4096-rank world keeps no more than
-# this many stacks alive once it has ended); 0 parks none.
-MAX_IDLE = 128
+# this many stacks alive once it has ended); 0 parks none, as does the
+# environment variable SIMDIST_REUSE_THREADS=0.
+MAX_IDLE = 0 if os.environ.get("SIMDIST_REUSE_THREADS", "1").strip() == "0" else 128
 
 _lock = threading.Lock()
 _idle: list[_Worker] = []
@@ -100,7 +102,7 @@ def _nothing() -> None:
 
 
 class _Worker:
-    __slots__ = ("ending", "fingerprint", "permit", "pristine", "seat", "target", "thread")
+    __slots__ = ("ending", "fingerprint", "parked", "permit", "pristine", "seat", "target", "thread", "tidy")
 
     def __init__(self) -> None:
         self.permit = threading.Lock()
@@ -108,15 +110,24 @@ class _Worker:
         self.seat: Seat | None = None
         self.target: Callable[[], None] = _nothing
         self.fingerprint: Callable[[], Any] = lambda: None
+        self.tidy: Callable[[], None] = _nothing
         self.pristine: Any = None
         self.ending = False
+        self.parked = False  # in _idle (written with _lock held)
         self.thread: threading.Thread = threading.current_thread()
 
-    def assign(self, seat: Seat, target: Callable[[], None], fingerprint: Callable[[], Any]) -> None:
+    def assign(
+        self,
+        seat: Seat,
+        target: Callable[[], None],
+        fingerprint: Callable[[], Any],
+        tidy: Callable[[], None],
+    ) -> None:
         seat.worker = self
         self.seat = seat
         self.target = target
         self.fingerprint = fingerprint
+        self.tidy = tidy
 
     def main(self) -> None:
         """A new thread's life: tasks until one cannot be followed by another."""
@@ -162,15 +173,14 @@ class _Worker:
         ident = threading.get_ident()
         try:
             _drop_thread_locals()
+            self.tidy()
             clean = _thread_state(self.fingerprint) == self.pristine
         except Exception:
             clean = False  # a state it cannot read is not one it can vouch for
         with _lock:
             keep = clean and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
             if keep:
-                _hide(ident)
-                self.seat = None
-                _idle.append(self)
+                self._park_locked(ident)
         if not keep:
             self.ending = True
             seat.released.set()
@@ -179,13 +189,23 @@ class _Worker:
         while True:
             # Parked until a run takes it (the wait is bounded only so that it
             # stays a loop); never listed, never interrupted (see ``identity``).
+            # Whether it has a task is decided under the lock, never by the
+            # wake-up alone: a spare permit only costs another look.
             while not self.permit.acquire(timeout=_PARK_S):
                 pass
-            if self.ending or self.seat is not None:
-                return not self.ending
-            with _lock:  # woken by a start that failed before giving it a task
-                _hide(ident)
-                _idle.append(self)
+            with _lock:
+                if self.ending:
+                    return False
+                if not self.parked:
+                    if self.seat is not None:
+                        return True
+                    self._park_locked(ident)  # taken by a start that failed before giving it a task
+
+    def _park_locked(self, ident: int) -> None:
+        _hide(ident)
+        self.seat = None
+        self.parked = True
+        _idle.append(self)
 
 
 def _thread_state(fingerprint: Callable[[], Any]) -> Any:
@@ -237,29 +257,41 @@ class PooledStart:
         target: Callable[[int], None],
         name: Callable[[int], str],
         fingerprint: Callable[[], Any] = lambda: None,
+        tidy: Callable[[], None] = _nothing,
     ) -> None:
         self.threads = [Seat(name(i)) for i in range(n)]
         self._target = target
         self._name = name
         self._fingerprint = fingerprint
+        self._tidy = tidy
 
     def start(self) -> None:
         """Return once every seat's thread runs; a thread the OS refused
         raises ``spawn.StartFailed`` (the others keep running)."""
         n, seats = len(self.threads), self.threads
-        with _lock:
-            taken = [_idle.pop() for _ in range(min(len(_idle), n))]
-            for worker in taken:
-                _show(worker.thread)  # listed again before it runs anything
+        taken: list[_Worker] = []
         try:
+            with _lock:
+                # Taken and given its task under one hold of the lock: a parked
+                # thread woken early sees either no task (and waits on) or its task.
+                while _idle and len(taken) < n:
+                    worker = _idle.pop()
+                    worker.parked = False
+                    taken.append(worker)
+                    _show(worker.thread)  # listed again before it runs anything
+                for i, (seat, worker) in enumerate(zip(seats, taken)):
+                    worker.assign(seat, _bound(self._target, i), self._fingerprint, self._tidy)
             fresh = [_Worker() for _ in range(n - len(taken))]
-            for i, (seat, worker) in enumerate(zip(seats, taken + fresh)):
-                worker.assign(seat, _bound(self._target, i), self._fingerprint)
+            for i, (seat, worker) in enumerate(zip(seats[len(taken) :], fresh), start=len(taken)):
+                worker.assign(seat, _bound(self._target, i), self._fingerprint, self._tidy)
         finally:
             # Even if interrupted here: a taken thread left without a task
             # would stay listed and parked for ever (it parks itself again).
             for worker in taken:
-                worker.permit.release()
+                try:
+                    worker.permit.release()
+                except RuntimeError:
+                    pass  # a permit is already pending
         if fresh:
             offset, name = len(taken), self._name
             starter = TreeStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i))

@@ -6,8 +6,10 @@ tensor hooks, the current CUDA device). A rank body that leaves one set (a
 bare ``torch.set_grad_enabled(False)``, ``torch.set_default_device``, which
 pushes a mode) would leave it to whatever runs next on its thread: a rank
 thread is parked for the next run (``_core.pool``) only if this reads the
-same as when the thread was new. What it cannot read is why a thread whose
-value differs is not parked but ends, as every rank thread once did.
+same as when the thread was new (after ``forget_thread_caches``); a thread
+whose value differs is not parked but ends, as every rank thread once did.
+What this cannot read (a C++ ``thread_local`` torch does not expose) is the
+reason ``SIMDIST_REUSE_THREADS=0`` turns reuse off.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["thread_state"]
+__all__ = ["forget_thread_caches", "thread_state"]
 
 _autocast_devices = ("cpu", "cuda")
+
+
+def forget_thread_caches() -> None:
+    """Empty the caches torch keeps per thread that a later run must not hit:
+    DTensor's native sharding-propagation cache is keyed by meshes that
+    compare equal across runs (same shape, same ranks) while their groups
+    are the ended run's, so a reused thread would hand a rank the last
+    run's process groups."""
+    torch._C._clear_DTensor_sharding_propagator_cache()
 
 
 def thread_state() -> tuple[Any, ...]:
@@ -42,4 +53,6 @@ def thread_state() -> tuple[Any, ...]:
         str(C._dispatch_tls_local_include_set()),
         str(C._dispatch_tls_local_exclude_set()),
         torch.cuda.current_device() if torch.cuda.is_initialized() else None,
+        C._get_DTensor_sharding_propagator_cache_stats(),
+        C._dynamo.eval_frame.get_eval_frame_callback(),
     )

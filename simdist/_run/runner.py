@@ -18,7 +18,7 @@ import torch
 from .._core.pool import PooledStart
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
-from .._isolation.thread_state import thread_state
+from .._isolation.thread_state import forget_thread_caches, thread_state
 from ..backend import register_backend
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
@@ -173,7 +173,9 @@ def run_with_options(
 def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
     """Start every rank thread, join them by the deadline; the watchdog's report, if it fired."""
     world = ranks.world
-    starter = PooledStart(world.world_size, ranks.main, lambda r: f"simdist-rank-{r}", thread_state)
+    starter = PooledStart(
+        world.world_size, ranks.main, lambda r: f"simdist-rank-{r}", thread_state, forget_thread_caches
+    )
     threads = starter.threads
     for t, done in zip(threads, ranks.exited):
         t.simdist_exited = done
