@@ -35,15 +35,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Known problem (see the issue notes): in a long-lived xdist worker, after some
-# earlier test not yet found, Hypothesis' generate/shrink loop in these two
-# modules slows to a crawl (py-spy shows garbage collection at every example).
-# Until the cause is found they run first, in a process of their own (seconds).
-ISOLATED_TESTS := tests/fuzz_runner/test_fuzz_property.py tests/fuzz_runner/test_strategies_fuzz.py
-
 test: lint
-	$(PY) -m pytest -q -p no:xdist $(ISOLATED_TESTS)
-	$(PY) -m pytest -n 2 -q $(addprefix --ignore=,$(ISOLATED_TESTS)) $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -20,7 +20,7 @@ from .errors import (
     UnsupportedOperationError,
 )
 from .explore import Divergence, explore
-from .faults import Fault, FaultPlan, InjectedFault
+from .faults import Fault, FaultPlan, InjectedFault, UnfiredFaultPlanWarning
 from .launch import run_processes
 from .layout import Coords, Layout
 from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
@@ -50,6 +50,7 @@ __all__ = [
     "SimulationError",
     "SimulationTimeout",
     "Tree",
+    "UnfiredFaultPlanWarning",
     "UnsupportedOperationError",
     "debug",
     "dump",

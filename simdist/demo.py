@@ -75,7 +75,7 @@ def _reference(layout: Layout) -> tuple[float, list[torch.Tensor]]:
         y = torch.tanh(y @ w)
     loss = (y**2).mean()
     loss.backward()
-    return float(loss.detach()), [w.grad for w in ws]  # type: ignore[misc]
+    return float(loss.detach()), [w.grad for w in ws]  # type: ignore[misc]  # every weight took part in the loss, so has a grad
 
 
 def demo(layout: Layout | None = None) -> int:

@@ -9,7 +9,10 @@ Plans add up (``plan_a + plan_b``) and can be drawn from a seed.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,11 @@ BackendError: type[Exception] = getattr(dist, "DistBackendError", RuntimeError)
 
 class InjectedFault(SimulationError):
     """Raised in a rank by a ``crash`` fault."""
+
+
+class UnfiredFaultPlanWarning(UserWarning):
+    """A run's ``FaultPlan`` had rules and none of them matched a call: the run
+    tested a clean world, not the fault it was meant to."""
 
 
 @dataclass(frozen=True)
@@ -279,8 +287,14 @@ class FaultState:
         self.layout = layout
         self._counts: dict[tuple[int, int], int] = {}
         self.fired: list[str] = []
+        # (op, group label) of every call checked, for the never-fired report.
+        self._calls: dict[tuple[str, str], int] = {}
 
     def due(self, rank: int, op: str, group: Any, seq: int) -> list[Fault]:
+        key = (op, getattr(group, "label", "?"))
+        self._calls[key] = (
+            self._calls.get(key, 0) + 1
+        )  # a lost count under "concurrent" only blurs the report
         hits = []
         for i, f in enumerate(self.plan.faults):
             if not (f.picks_rank(rank, self.layout) and f.picks_call(op, group, seq)):
@@ -295,3 +309,56 @@ class FaultState:
         for f in hits:
             self.fired.append(f"rank {rank}: {f.describe()} -> {op} on {group.describe()} seq {seq}")
         return hits
+
+    @property
+    def never_fired(self) -> bool:
+        """The plan had rules and none of them matched a call."""
+        return bool(self.plan.faults) and not self.fired
+
+    def unfired_message(self) -> str:
+        rules = "; ".join(f.describe() for f in self.plan.faults)
+        calls = ", ".join(f"{op} on {label} x{n}" for (op, label), n in sorted(self._calls.items()))
+        return (
+            f"the FaultPlan matched no call, so none of its {len(self.plan.faults)} rule(s) fired and "
+            f"the run tested a clean world, not a fault: {rules}. The run's calls (all ranks): "
+            f"{calls or 'none'}. Check each rule's op, group, rank and nth/seq against them."
+        )
+
+
+_unfired_listeners: list[Callable[[FaultState], None]] = []
+_listeners_lock = threading.Lock()
+
+
+def on_unfired(listener: Callable[[FaultState], None]) -> Callable[[], None]:
+    """Call ``listener(state)`` whenever a run ends with a plan that never fired
+    (the fuzz campaign counts such cases); returns a callable that removes it."""
+    with _listeners_lock:
+        _unfired_listeners.append(listener)
+
+    def remove() -> None:
+        with _listeners_lock:
+            if listener in _unfired_listeners:
+                _unfired_listeners.remove(listener)
+
+    return remove
+
+
+def report_unfired(state: FaultState | None) -> None:
+    """At a run's end: warn (``UnfiredFaultPlanWarning``) when its plan never fired."""
+    if state is None or not state.never_fired:
+        return
+    with _listeners_lock:
+        listeners = list(_unfired_listeners)
+    for listener in listeners:
+        listener(state)
+    warnings.warn(UnfiredFaultPlanWarning(state.unfired_message()), stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The stack level of the first frame outside simdist (the user's call of run)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "simdist":
+        frame = frame.f_back  # type: ignore[assignment]  # f_back may be None; the loop checks it
+        level += 1
+    return level

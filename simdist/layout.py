@@ -102,14 +102,14 @@ class Layout:
         "world".
         """
         if axis == "world":
-            return [list(range(self.world_size))]  # type: ignore[arg-type]
+            return [list(range(self.world_size))]  # type: ignore[arg-type]  # set by __post_init__
         if axis not in AXES and axis not in COMPOSITE_AXES:
             raise ValueError(f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}")
         # Each group once, from its lowest rank: O(world) in all (every rank of
         # a Megatron-style program may list every group).
         groups: list[list[int]] = []
-        placed = bytearray(self.world_size)  # type: ignore[arg-type]
-        for rank in range(self.world_size):  # type: ignore[arg-type]
+        placed = bytearray(self.world_size)  # type: ignore[arg-type]  # set by __post_init__
+        for rank in range(self.world_size):  # type: ignore[arg-type]  # set by __post_init__
             if not placed[rank]:
                 ranks = self.group_of(axis, rank)
                 for r in ranks:
@@ -125,7 +125,7 @@ class Layout:
         """
         self._check_rank(rank)
         if axis == "world":
-            return list(range(self.world_size))  # type: ignore[arg-type]
+            return list(range(self.world_size))  # type: ignore[arg-type]  # set by __post_init__
         if axis in AXES:
             varying: tuple[str, ...] = (axis,)
         elif axis in COMPOSITE_AXES:

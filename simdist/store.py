@@ -206,6 +206,6 @@ def _prefix_delete_key(self: dist.PrefixStore, key: str) -> bool:
     return inner.delete_through(self, key)
 
 
-# Patching a pybind class: its stubs type the methods on Store, not PrefixStore.
-dist.PrefixStore.num_keys = _prefix_num_keys  # type: ignore[method-assign,assignment]
-dist.PrefixStore.delete_key = _prefix_delete_key  # type: ignore[method-assign,assignment]
+# Patching a pybind class: its stubs type these methods on Store, not PrefixStore.
+dist.PrefixStore.num_keys = _prefix_num_keys  # type: ignore[method-assign,assignment]  # stubs type it on Store
+dist.PrefixStore.delete_key = _prefix_delete_key  # type: ignore[method-assign,assignment]  # stubs type it on Store

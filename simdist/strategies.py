@@ -21,6 +21,7 @@ from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from .layout import AXES, Layout
 
 __all__ = [
+    "BF16_EXACT_INTEGERS",
     "DTYPE_NAMES",
     "FUZZ_FAULT_KINDS",
     "MASK_ROW_KINDS",
@@ -40,6 +41,7 @@ __all__ = [
     "mask_rows",
     "probe_faults",
     "reductions",
+    "sequence_lengths",
     "token_distributions",
     "token_masks",
 ]
@@ -155,13 +157,50 @@ REDUCTION_NAMES: tuple[str, ...] = ("rank", "ring", "tree", "shuffled")
 FUZZ_FAULT_KINDS: tuple[str, ...] = ("crash", "timeout", "abort", "delay")
 
 
+# bfloat16 has 8 significant bits: every integer up to 256 is exact, 257 rounds
+# to 256. A token count kept in bfloat16 (on a rank, or in the DP sum) is only
+# wrong past it, so the default strategies draw counts past it too.
+BF16_EXACT_INTEGERS = 256
+# A random row longer than this repeats a drawn pattern of this length: one
+# choice per token of a long row would overrun Hypothesis' buffer.
+_RANDOM_PATTERN = 32
+# A long row is drawn for its count: mostly (nearly) full, every kind still drawn.
+_LONG_ROW_KINDS = ("full", "prefix", "full", "prefix", "random", "empty", "single", "first_only")
+
+
+def sequence_lengths(
+    short: tuple[int, int] = (2, 6), long: tuple[int, int] = (129, 320), long_every: int = 8
+) -> st.SearchStrategy[int]:
+    """Sequence lengths: mostly ``short``, one draw in ``long_every`` from ``long``.
+
+    The default long lengths put one full row, or the DP sum of two, past
+    bfloat16's exact integers (``BF16_EXACT_INTEGERS``), where a count kept
+    in low precision goes wrong; ``token_distributions``
+    and ``mask_rows`` draw long rows cheaply. ``long_every=0`` draws short
+    lengths only. Shrinks towards the shortest short length."""
+    for name, (low, high) in (("short", short), ("long", long)):
+        if not (is_int(low, 1) and is_int(high, low)):
+            raise ValueError(
+                f"sequence_lengths: {name} must be (low, high) with 1 <= low <= high, got {(low, high)!r}"
+            )
+    if not is_int(long_every, 0) or long_every == 1:
+        raise ValueError(f"sequence_lengths: long_every must be 0 or an int >= 2, got {long_every!r}")
+    short_lengths = st.integers(*short)
+    if long_every == 0:
+        return short_lengths
+    # The first choice is the simplest: Hypothesis shrinks a long draw to a short one.
+    is_long = st.sampled_from((False,) * (long_every - 1) + (True,))
+    return is_long.flatmap(lambda flag: st.integers(*long) if flag else short_lengths)
+
+
 def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[list[float]]:
     """One row of a token mask as ``seq_len`` floats, of a kind drawn from
     ``MASK_ROW_KINDS``: fully valid, all masked, a valid prefix of any length
     (uneven lengths), a single valid token, only the first token valid (no
     shifted token left), or random; with ``fractional`` the valid tokens of a
-    row may carry a weight other than 1 (random rows also mix values). Shrinks
-    towards a fully valid 0/1 row."""
+    row may carry a weight other than 1 (random rows also mix values; past
+    32 tokens a random row repeats a drawn 32-token pattern). Shrinks towards
+    a fully valid 0/1 row."""
     if not is_int(seq_len, 1):
         raise ValueError(f"mask_rows: seq_len must be a positive int, got {seq_len!r}")
     return _mask_row(seq_len, fractional)
@@ -169,12 +208,17 @@ def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[lis
 
 @st.composite
 def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
-    kind = draw(st.sampled_from(MASK_ROW_KINDS))
+    kind = draw(st.sampled_from(MASK_ROW_KINDS if seq_len <= _RANDOM_PATTERN else _LONG_ROW_KINDS))
     scale = draw(st.sampled_from(MASK_SCALES)) if fractional else 1.0
     if kind == "full":
         row = [1.0] * seq_len
     elif kind == "empty":
         row = [0.0] * seq_len
+    elif kind == "prefix" and seq_len > _RANDOM_PATTERN:
+        # A long row is mostly valid, as real long sequences are (its count
+        # is what a long row is drawn for); shrinks towards fully valid.
+        length = seq_len - draw(st.integers(0, 8))
+        row = [1.0] * length + [0.0] * (seq_len - length)
     elif kind == "prefix":
         length = draw(st.integers(1, seq_len))
         row = [1.0] * length + [0.0] * (seq_len - length)
@@ -185,7 +229,9 @@ def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
         row = [1.0] + [0.0] * (seq_len - 1)
     else:
         values = st.sampled_from((1.0, 0.0, 0.5)) if fractional else st.sampled_from((1.0, 0.0))
-        row = draw(st.lists(values, min_size=seq_len, max_size=seq_len))
+        drawn = min(seq_len, _RANDOM_PATTERN)
+        pattern = draw(st.lists(values, min_size=drawn, max_size=drawn))
+        row = (pattern * -(-seq_len // drawn))[:seq_len]
     return [value * scale for value in row]
 
 
@@ -202,7 +248,8 @@ def token_distributions(
     Each rank draws its own number of rows per microbatch (so ranks hold
     different numbers of rows and tokens), and may be all masked; each
     microbatch may be all masked; rows are drawn by ``mask_rows``. Shrinks
-    towards one row per microbatch, fully valid 0/1 masks.
+    towards one row per microbatch, fully valid 0/1 masks. Draw ``seq_len``
+    from ``sequence_lengths()`` to get counts past bfloat16's exact integers.
     """
     for name, value, low in (("ranks", ranks, 1), ("microbatches", microbatches, 1), ("seq_len", seq_len, 1)):
         if not is_int(value, low):
@@ -227,13 +274,16 @@ def _token_distributions(
     fractional: bool,
 ) -> list[list[list[list[float]]]]:
     row = mask_rows(seq_len, fractional=fractional)
+    # Long rows are drawn for their counts: masked less often (a quarter,
+    # not half, of ranks and microbatches), so the DP sum passes 256 often.
+    masked = st.booleans() if seq_len <= _RANDOM_PATTERN else st.sampled_from((False, False, False, True))
     out = []
     for _ in range(ranks):
         rows = draw(st.integers(low_rows, high_rows))
-        rank_masked = draw(st.booleans())
+        rank_masked = draw(masked)
         per_rank = []
         for _ in range(microbatches):
-            micro_masked = draw(st.booleans())
+            micro_masked = draw(masked)
             # Rows are drawn even when masked: Hypothesis prefers shorter
             # draws, and skipping them would make "all masked" the
             # simplest mask instead of "fully valid".
@@ -340,7 +390,7 @@ def fault_plans(
     world_size: int, *, max_faults: int = 2, **fault_options: object
 ) -> st.SearchStrategy[FaultPlan]:
     """``simdist.FaultPlan`` of 0..``max_faults`` faults drawn by ``faults``; shrinks towards no fault."""
-    return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]
+    return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]  # hypothesis' lists/map overloads lose the element type
         lambda drawn: FaultPlan(tuple(drawn))
     )
 
@@ -354,8 +404,8 @@ def fault_to_json(fault: Fault) -> dict[str, object]:
 
 def fault_from_json(data: Mapping[str, object]) -> Fault:
     fields = dict(data)
-    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]
-    return Fault(**fields)  # type: ignore[arg-type]
+    fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]  # JSON values are untyped objects
+    return Fault(**fields)  # type: ignore[arg-type]  # JSON values are untyped objects
 
 
 class ProbeFault(NamedTuple):

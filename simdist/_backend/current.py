@@ -4,14 +4,12 @@ thin readers over the one rank identity (``_core.identity``)."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._core import identity
 from .._core.scheduler import Scheduler
 from ..errors import SimulationError
-
-if TYPE_CHECKING:
-    from .registration import WorldHooks
+from .world_hooks import WorldHooks
 
 # The thread's rank identity: ``_current.world`` / ``_current.rank``.
 _current = identity.me

@@ -108,7 +108,7 @@ class CallHooks:
                 f"and later call on it fails until the world is rebuilt"
             )
             # Members other than this rank fail because of it: a consequence.
-            error.simdist_origin = rank  # type: ignore[attr-defined]
+            error.simdist_origin = rank  # type: ignore[attr-defined]  # simdist's mark on a plain exception
             self.scheduler.fail_group(group.name, error)
             raise BackendError(*error.args)
 

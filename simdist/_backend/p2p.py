@@ -1,11 +1,30 @@
-"""Point-to-point delivery: a matched send copied into its recv."""
+"""Point to point: a group's send and recv, and a matched send copied into its recv."""
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from .._core.records import P2POp
+import torch
+import torch.distributed as dist
+
+from .. import stacks
+from .._core.records import GroupInfo, P2POp
+from .._core.scheduler import Scheduler
 from ..errors import CollectiveMismatchError
+from . import kernels as K
+from .current import _check_caller
+from .shadow import modes_active, show
+from .validation import one
+from .work import SimWork
+from .world_hooks import WorldHooks
+
+# Type-checked as the ProcessGroup it is mixed into; at run time a plain class
+# (c10d's pybind base is SimProcessGroup's own, once).
+if TYPE_CHECKING:
+    _Group = dist.ProcessGroup
+else:
+    _Group = object
 
 
 def deliver(send: P2POp, recv: P2POp) -> None:
@@ -19,3 +38,50 @@ def deliver(send: P2POp, recv: P2POp) -> None:
         )
     with torch.inference_mode():
         dst.copy_(src.view(dst.shape))
+
+
+class PointToPoint(_Group):
+    """``SimProcessGroup``'s send and recv: posted to the scheduler, which
+    matches each with the oldest opposite call of the same pair and tag."""
+
+    _world: WorldHooks
+    _scheduler: Scheduler
+    _global_rank: int
+    _info: GroupInfo
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "send", tensors, dst, tag)
+        t = self._own_tensor(tensors, "send")
+        peer = self._peer(dst, "send", "dst")
+        op = P2POp("send", self._info, self._global_rank, peer, tag, t.detach().clone(), stacks.call_site(2))
+        return self._post(op, t)
+
+    def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork:
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "recv", tensors, src, tag)
+        t = self._own_tensor(tensors, "recv")
+        peer = self._peer(src, "recv", "src")
+        op = P2POp("recv", self._info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
+        return self._post(op, t)
+
+    def _own_tensor(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+        """The call's one dense tensor, from one of this rank's own threads."""
+        t: torch.Tensor = one(tensors, op)
+        K.require_dense_p2p(t, op)
+        _check_caller(self._scheduler, self._global_rank, op)
+        return t
+
+    def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
+        self._world.before_p2p(op)
+        self._scheduler.post_p2p(op, deliver)
+        return SimWork(self._scheduler, self._global_rank, op, [t])
+
+    def _peer(self, group_rank: int, op: str, arg: str) -> int:
+        if not 0 <= group_rank < self.size():
+            raise ValueError(
+                f"{op}: {arg} group rank {group_rank} is outside the group of size {self.size()}"
+            )
+        if group_rank == self.rank():
+            raise ValueError(f"{op}: {arg} is this rank itself ({self._global_rank})")
+        return self._info.ranks[group_rank]

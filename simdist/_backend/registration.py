@@ -1,4 +1,4 @@
-"""Registering the simdist backend with c10d, and what a group needs from its world."""
+"""Registering the simdist backend with c10d: its factory builds a rank's group."""
 
 from __future__ import annotations
 
@@ -6,25 +6,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .._core.records import Call, GroupInfo, P2POp
-from .._core.scheduler import Scheduler
 from .current import current_world
 from .process_group import BACKEND_NAME, SimProcessGroup
-
-
-class WorldHooks:
-    """What a group needs from its world (implemented by ``world.World``)."""
-
-    scheduler: Scheduler
-    reduction: Any
-
-    def register_group(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo:
-        raise NotImplementedError
-
-    def label_group(self, name: str, label: str) -> None: ...
-    def before_call(self, call: Call, group: GroupInfo, seq: int) -> None: ...
-    def before_p2p(self, op: P2POp) -> None: ...
-    def verify(self, group: GroupInfo, seq: int, calls: list[Call]) -> None: ...
 
 
 def _create(backend_opts: Any, pg_options: Any) -> SimProcessGroup:

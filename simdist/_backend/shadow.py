@@ -43,8 +43,7 @@ def _shadow(group: Any) -> dist.ProcessGroup:
     shadow = group.__dict__.get("_simdist_shadow")
     if shadow is None:
         rank, size = group.rank(), group.size()
-        # The (rank, size) constructor exists on 2.13; torch's stub lists only (store, rank, size).
-        shadow = dist.ProcessGroup(rank, size)  # type: ignore[call-arg]
+        shadow = dist.ProcessGroup(rank, size)  # type: ignore[call-arg]  # (rank, size) exists on 2.13; the stub lists only (store, rank, size)
         fake = _c10d.FakeProcessGroup._create_internal(rank, size)
         for device in ("cpu", "cuda"):
             shadow._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, fake)

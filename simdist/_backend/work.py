@@ -59,15 +59,15 @@ class SimWork(dist.Work):
 
 
 class _AllOf(Waitable):
-    def __init__(self, works: list[SimWork]) -> None:
+    def __init__(self, works: list[dist.Work]) -> None:
         self.works = works
 
     @property
-    def done(self) -> bool:  # type: ignore[override]
+    def done(self) -> bool:  # type: ignore[override]  # computed from the parts, over Waitable's plain attribute
         return all(w.is_completed() for w in self.works)
 
     @property
-    def error(self) -> BaseException | None:  # type: ignore[override]
+    def error(self) -> BaseException | None:  # type: ignore[override]  # computed from the parts, over Waitable's plain attribute
         for w in self.works:
             if w.exception() is not None:
                 return w.exception()
@@ -78,7 +78,7 @@ class _Sequence(SimWork):
     """Several calls issued as one (the coalesced forms): waits for each in turn."""
 
     def __init__(
-        self, scheduler: Scheduler, rank: int, works: list[SimWork], result: list[torch.Tensor]
+        self, scheduler: Scheduler, rank: int, works: list[dist.Work], result: list[torch.Tensor]
     ) -> None:
         super().__init__(scheduler, rank, _AllOf(works), result)
         self._works = works
@@ -89,5 +89,5 @@ class _Sequence(SimWork):
         return True
 
 
-def all_of(scheduler: Scheduler, rank: int, works: list[SimWork], result: list[torch.Tensor]) -> SimWork:
+def all_of(scheduler: Scheduler, rank: int, works: list[dist.Work], result: list[torch.Tensor]) -> SimWork:
     return _Sequence(scheduler, rank, works, result)

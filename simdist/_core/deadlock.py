@@ -88,7 +88,7 @@ class Detector:
         ranks = slots.ranks
         if trigger is not None:
             # The common case, kept O(group size): every rank it needs runs.
-            needed = ranks[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]
+            needed = ranks[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]  # a rank in the graph is waiting
             if all(ranks[p].state is RankState.RUNNING or slots.progressing(p) for p in needed):
                 return None
             # A peer that has left: certain at once, no walk needed to know it.
@@ -151,7 +151,7 @@ class Detector:
         ranks = self._slots.ranks
         gone = self._slots.gone
         roots = self._failed_roots(graph, stuck)
-        why = {r: f"which failed with {ranks[roots[r]].failure}" for r in stuck if roots[r] is not None}  # type: ignore[index]
+        why = {r: f"which failed with {ranks[roots[r]].failure}" for r in stuck if roots[r] is not None}  # type: ignore[index]  # filtered to roots that are not None
         deadlocked = {r for r in stuck if roots[r] is None}
         # The core of a deadlock (ranks on a cycle, or waiting on a rank that
         # has finished) is the same whatever the timing; ranks that merely
@@ -175,10 +175,10 @@ class Detector:
             assert root is not None
             released = PeerFailedError(
                 f"released: rank {r} ({self._describe_rank(r)}) waits in "
-                f"{ranks[r].waiting_on.describe()}, which needs rank {root} "  # type: ignore[union-attr]
+                f"{ranks[r].waiting_on.describe()}, which needs rank {root} "  # type: ignore[union-attr]  # a released rank is waiting
                 f"({self._describe_rank(root)}), {why[r]}"
             )
-            released.simdist_origin = root  # type: ignore[attr-defined]
+            released.simdist_origin = root  # type: ignore[attr-defined]  # simdist's mark on a plain exception
             self._turns.interrupt_rank_locked(r, released)
 
     def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
@@ -234,7 +234,7 @@ class Detector:
                 f"{waitable.describe()}, which needs rank {root} "
                 f"({self._describe_rank(root)}), which failed with {ranks[root].failure}"
             )
-            error.simdist_origin = root  # type: ignore[attr-defined]
+            error.simdist_origin = root  # type: ignore[attr-defined]  # simdist's mark on a plain exception
             return error
         deadlock = DeadlockError(
             self.report_locked(

@@ -157,10 +157,39 @@ def interrupt(ident: int, exc_type: type[BaseException], world: Any = None) -> N
             _set_async(ident, exc_type)
 
 
+class _Withdrawn(BaseException):
+    """A stop taken back: raised in its own thread and caught at once (``_withdraw``)."""
+
+
+def _withdraw() -> None:
+    """Take back a stop sent to this thread that may not have landed yet.
+
+    Not by clearing it (``PyThreadState_SetAsyncExc(ident, NULL)``): on
+    CPython 3.11 that leaves the interpreter-wide "asynchronous exception
+    pending" flag set with no thread to reset it, so every thread then runs
+    the eval loop's pending-work handler at each call and loop, for the rest
+    of the process (Hypothesis' engine all but stops). A stop that lands and
+    is handled resets the flag, so the pending one is replaced by a private
+    exception that lands here, inside the ``try``, and is dropped.
+    """
+    try:
+        _set_async(threading.get_ident(), _Withdrawn)
+        for _ in range(1000):  # each turn checks for pending work; the first one delivers it
+            pass
+    except _Withdrawn:
+        return
+    _set_async(threading.get_ident(), None)  # never delivered (not seen so far): cleared as before
+
+
 def _shut(gate: _Gate) -> None:
     with gate.lock:
         gate.open = False
-        if gate.stopped:
+        stopped = gate.stopped
+    # No stop can be sent any more; one sent before may still be pending.
+    if stopped:
+        if gate.ident == threading.get_ident():
+            _withdraw()
+        else:
             _set_async(gate.ident, None)
 
 

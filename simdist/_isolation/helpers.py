@@ -56,13 +56,13 @@ def _start(self: threading.Thread) -> None:
             # module's) is that pool's thread, not the rank's: left alone.
             return _originals["start"](self)
     helper = scheduler.add_helper(rank, self.name, self.daemon, executor)
-    self._simdist_helper = (scheduler, rank, helper)  # type: ignore[attr-defined]
+    self._simdist_helper = (scheduler, rank, helper)  # type: ignore[attr-defined]  # simdist's mark on the helper thread
     body = self.run
 
     def run_as_rank() -> None:
         # Its own daemon flag back before its body runs: threads it starts
         # inherit it, and the starter may not have restored it yet.
-        self._daemonic = daemon  # type: ignore[attr-defined]
+        self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
         identity.bind(world, rank, state, helper)
         scheduler.bind_helper(helper)
         try:
@@ -79,16 +79,16 @@ def _start(self: threading.Thread) -> None:
     # not stop (blocked in C) would otherwise hang the test process's exit.
     # The flag is read when the thread starts; the thread's own ``daemon``
     # (what its children inherit, what the rank's end honours) is put back.
-    daemon = self._daemonic  # type: ignore[attr-defined]
-    self.run = run_as_rank  # type: ignore[method-assign]
-    self._daemonic = True  # type: ignore[attr-defined]
+    daemon = self._daemonic  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
+    self.run = run_as_rank  # type: ignore[method-assign]  # this one thread's run, wrapped
+    self._daemonic = True  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
     try:
         _originals["start"](self)
     except BaseException:
         scheduler.remove_helper(rank, helper)
         raise
     finally:
-        self._daemonic = daemon  # type: ignore[attr-defined]
+        self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
 
 
 def forget_at_exit(thread_ids: set[int]) -> None:
@@ -117,7 +117,7 @@ def _init_executor(self: concurrent.futures.ThreadPoolExecutor, *args: Any, **kw
     owner = _owner()
     # Only a pool the rank created is the rank's: its workers are the rank's
     # helpers, and the rank's end shuts it down, as a process's exit would.
-    self._simdist_owner = None if owner is None else (owner[0].scheduler, owner[1])  # type: ignore[attr-defined]
+    self._simdist_owner = None if owner is None else (owner[0].scheduler, owner[1])  # type: ignore[attr-defined]  # simdist's mark on the pool
 
 
 def _rank_owns(executor: Any, scheduler: Scheduler, rank: int) -> bool:
@@ -224,21 +224,21 @@ def install() -> None:
         submit=concurrent.futures.ThreadPoolExecutor.submit,
         executor_init=concurrent.futures.ThreadPoolExecutor.__init__,
     )
-    concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]
-    threading.Thread.start = _start  # type: ignore[method-assign]
-    threading.Thread.join = _join  # type: ignore[method-assign]
-    concurrent.futures.Future.result = _result  # type: ignore[method-assign]
-    concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]
+    concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    threading.Thread.start = _start  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    threading.Thread.join = _join  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    concurrent.futures.Future.result = _result  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
     concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]  # a wrapper with the same run-time signature
 
 
 def uninstall() -> None:
-    threading.Thread.start = _originals["start"]  # type: ignore[method-assign]
-    threading.Thread.join = _originals["join"]  # type: ignore[method-assign]
-    concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]
-    concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]
-    concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]
-    concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]
+    threading.Thread.start = _originals["start"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    threading.Thread.join = _originals["join"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
+    concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
     _originals.clear()
 
 

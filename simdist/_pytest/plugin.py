@@ -109,7 +109,7 @@ def _spec_of(item: pytest.Item) -> tuple[marker.WorldSpec, marker.SpmdOptions] |
     world = None if callspec is None else callspec.params.get("ctx")
     if mark is None or not isinstance(world, marker.WorldSpec):
         return None
-    _, options = marker.parse(mark, item.obj, item.name)  # type: ignore[attr-defined]
+    _, options = marker.parse(mark, item.obj, item.name)  # type: ignore[attr-defined]  # pytest.Item has no obj; the marked Function does
     return world, options
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._backend.hooks import CallHooks as _BackendHooks
+from .._backend.world_hooks import WorldHooks
 from .._core.records import PendingCollective, Waitable
-from ..backend import WorldHooks
 from ..trace import Recorder
 
 if TYPE_CHECKING:
@@ -19,12 +19,12 @@ if TYPE_CHECKING:
 
 
 class CallHooks(_BackendHooks, WorldHooks):
-    """The per-call half of ``backend.WorldHooks``."""
+    """The per-call half of ``_backend.world_hooks.WorldHooks``."""
 
     options: RunOptions
 
     @property
-    def strict_call_sites(self) -> bool:  # type: ignore[override]
+    def strict_call_sites(self) -> bool:  # type: ignore[override]  # read from the options, over the backend's plain attribute
         return self.options.strict_call_sites
 
     def _on_done(self, waitable: Waitable) -> None:

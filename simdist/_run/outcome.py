@@ -18,8 +18,8 @@ def _fail(
     cause: BaseException | None = None,
 ) -> NoReturn:
     if not isinstance(error, RankError):
-        error.failures = failures  # type: ignore[attr-defined]
-    error.results = results  # type: ignore[attr-defined]
+        error.failures = failures  # type: ignore[attr-defined]  # simdist's report on a plain exception
+    error.results = results  # type: ignore[attr-defined]  # simdist's report on a plain exception
     raise error from cause
 
 

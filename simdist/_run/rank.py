@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from .. import stacks
+from .._backend.process_group import BACKEND_NAME
 from .._core import identity
 from .._isolation import c10d_state, helpers
 from .._isolation.rank_state import release_process
-from ..backend import BACKEND_NAME
 from ..context import RankContext, build_groups
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
@@ -83,7 +83,7 @@ class RankThreads:
         # Threads the body starts are not daemons by default, as in a process
         # whose main thread starts them; the rank thread itself stays a daemon
         # for the interpreter (its flag was read when it started).
-        threading.current_thread()._daemonic = False  # type: ignore[attr-defined]
+        threading.current_thread()._daemonic = False  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
         identity.bind(world, rank, c10d_state.new_rank_state(self.run_id, rank))
         world.scheduler.bind_thread(rank)
         try:

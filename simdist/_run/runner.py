@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
+from .._backend.registration import register_backend
 from .._core.pool import PooledStart
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
 from .._isolation.thread_state import forget_thread_caches, thread_state
-from ..backend import register_backend
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
-from ..faults import FaultPlan
+from ..faults import FaultPlan, report_unfired
 from ..layout import Layout
 from ..reduction import ReductionModel
 from ..trace import DEFAULT_RECORDS
@@ -161,6 +161,7 @@ def run_with_options(
         restore_error, observer_error = _tear_down(world, suspended, lease, run_name, observers)
     if restore_error is not None:
         raise restore_error
+    report_unfired(world.faults)  # a plan that matched no call tested nothing: say so
     # debug hook: a failing run writes its trace when asked to
     results = debug_hooks.outcome(
         world, lambda: outcome(world, ranks.results, ranks.failures, timed_out, observer_error)
@@ -178,7 +179,7 @@ def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
     )
     threads = starter.threads
     for t, done in zip(threads, ranks.exited):
-        t.simdist_exited = done
+        t.simdist_exited = done  # a Seat: _simdist_helper is set on its thread by the pool
     try:
         starter.start()
         ranks.go.set()

@@ -1,4 +1,4 @@
-"""The World: the shared state of one simulation (implements ``backend.WorldHooks``).
+"""The World: the shared state of one simulation (implements ``_backend.world_hooks.WorldHooks``).
 
 It owns the scheduler, the store, the per-rank process states, the flight
 recorder, the fault state and the registry of process groups; the per-call

@@ -108,7 +108,7 @@ def frame(rank: int) -> FrameType:
         frames = []
         while tb is not None:
             frames.append(tb.tb_frame)
-            tb = tb.tb_next  # type: ignore[assignment]
+            tb = tb.tb_next
         found = next((f for f in reversed(frames) if _engine.innermost_user_frame(f) is f), None)
     if found is None:
         raise RuntimeError(f"rank {rank} has no frame of the program (not started, or returned)")

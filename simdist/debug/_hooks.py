@@ -80,7 +80,7 @@ def rank_failed(world: Any, rank: int, exc: BaseException) -> None:
     session: DebugSession | None = getattr(world, "debug", None)
     if session is None:
         return
-    session.failed_tb[rank] = exc.__traceback__  # type: ignore[assignment]
+    session.failed_tb[rank] = exc.__traceback__
     session.wait_at_door()
     settings = session.settings
     if not settings.post_mortem or world.scheduler.aborted is not None or not _debuggable(exc, rank):

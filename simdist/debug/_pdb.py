@@ -45,10 +45,10 @@ class _Commands:
 
     def do_stacks(self: Any, arg: str) -> None:
         """stacks [N]: every rank's (or rank N's) stack and its helpers', innermost last."""
-        ranks = None if not arg.strip() else [_rank_arg(self, arg)]
-        if ranks == [None]:
+        rank = _rank_arg(self, arg) if arg.strip() else None
+        if arg.strip() and rank is None:
             return
-        self.message(_report.stacks_text(self._simdist_session, ranks))  # type: ignore[arg-type]
+        self.message(_report.stacks_text(self._simdist_session, None if rank is None else [rank]))
 
     def do_tail(self: Any, arg: str) -> None:
         """tail [N]: the last calls of every rank (or rank N) from the flight recorder."""
@@ -207,7 +207,7 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
         adopted, owner = True, rank
         _adopt(self, session, rank)
         self.message(f"simdist: {session.prompt_for(rank).strip('() ')} stopped here.\n{BANNER}")
-    self._simdist_home = None  # type: ignore[attr-defined]
+    self._simdist_home = None  # type: ignore[attr-defined]  # simdist's state on the user's Pdb object
     prompt = self.prompt
     self.prompt = session.prompt_for(rank)
     # pytest's own Pdb suspends its capture itself; simdist's asks the run's settings.
@@ -217,7 +217,7 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
             banner = getattr(self, "banner", None)
             if ours and banner is not None:
                 self.message(banner)
-                self.banner = None  # type: ignore[attr-defined]
+                self.banner = None  # type: ignore[attr-defined]  # a Pdb subclass's banner (pdb++ and friends), cleared once shown
             return _original_interaction(self, frame, tb)
     finally:
         self.prompt = prompt
@@ -226,8 +226,8 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
 
 
 def _adopt(p: pdb.Pdb, session: DebugSession, rank: int) -> None:
-    p._simdist_session = session  # type: ignore[attr-defined]
-    p._simdist_rank = rank  # type: ignore[attr-defined]
+    p._simdist_session = session  # type: ignore[attr-defined]  # simdist's state on the user's Pdb object
+    p._simdist_rank = rank  # type: ignore[attr-defined]  # simdist's state on the user's Pdb object
     for name in ("do_ranks", "do_stacks", "do_tail", "do_dump", "do_rank"):
         setattr(p, name, types.MethodType(getattr(_Commands, name), p))
 
@@ -253,7 +253,7 @@ def install() -> None:
     global _installed
     with _install_lock:
         if not _installed:
-            pdb.Pdb.interaction = _interaction  # type: ignore[method-assign,assignment]
+            pdb.Pdb.interaction = _interaction  # type: ignore[method-assign,assignment]  # the process-wide hook, installed once
             _installed = True
 
 

@@ -48,7 +48,7 @@ class DebugSession:
         self.break_seen = 0  # calls that matched break_at so far
         self.break_hit = False
         # Tracebacks of ranks that failed during the run (for `rank N` at a prompt).
-        self.failed_tb: dict[int, TracebackType] = {}
+        self.failed_tb: dict[int, TracebackType | None] = {}
         self.notes: dict[int, str] = {}  # what the state table says of a rank instead
         self.ended = False
         with _live_lock:
@@ -145,7 +145,7 @@ def live_sessions() -> list[DebugSession]:
 def session_of_thread() -> tuple[DebugSession | None, int]:
     """The run and rank of the calling thread (a rank or one of its helpers),
     else the run whose prompt this thread shows, else (None, -1)."""
-    from ..backend import current_world
+    from .._backend.current import current_world
 
     try:
         world, rank = current_world()

@@ -36,6 +36,7 @@ from ._outputs import check_output_paths, display
 from ._project import default_corpus, simdist_settings
 from ._stats import CampaignStats
 from ._summary import junit_xml, progress_line, summary_text
+from ._zygote import STARTUP_LOG, WorkerServer, server_usable
 
 __all__ = ["CampaignConfig", "CampaignResult", "ExitCode", "default_targets", "run_campaign"]
 
@@ -152,39 +153,27 @@ def _worker_command(targets: Sequence[str]) -> list[str]:
 
 
 def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> tuple[list, list]:
-    procs: list[Any] = []  # Popen or ForkedWorker: poll, wait, send_signal, kill, returncode
-    logs = []
+    procs: list[Any] = []  # Popen, ForkedWorker or ServerWorker: poll, wait, send_signal, kill, returncode
+    logs: list[IO[bytes]] = []
     seeds = random.Random(seed)
+    worker_seeds = [seeds.getrandbits(63) for _ in range(cfg.workers)]
+    envs = [_worker_env(cfg, run_dir, started, k, worker_seeds[k]) for k in range(cfg.workers)]
+    command = _worker_command(cfg.targets)
+    if fork_available() and server_usable(envs[0]):
+        # One collection for every worker (see _zygote); each worker log is
+        # created now, so a worker that never started still has one.
+        for k in range(cfg.workers):
+            (run_dir / f"worker-{k}.log").touch()
+        server = WorkerServer([*command[3:], "--capture=no"], envs[0], worker_seeds, run_dir)
+        return list(server.workers), logs
     for k in range(cfg.workers):
-        env = dict(os.environ)
-        env.update(
-            {
-                "SIMDIST_FUZZ_WORKER": "1",
-                "SIMDIST_FUZZ_RUN_DIR": str(run_dir.resolve()),
-                "SIMDIST_FUZZ_INDEX": str(k),
-                "SIMDIST_FUZZ_SEED": str(seeds.getrandbits(63)),
-                # Each worker's search ends `budget` seconds after it is ready.
-                "SIMDIST_FUZZ_BUDGET": repr(cfg.budget),
-                "SIMDIST_FUZZ_STARTED": repr(started),
-                "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout),
-                "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
-                "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if cfg.max_world_size is not None:
-            env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
-        # One intra-op thread per worker, as torchrun gives each rank, unless the
-        # user chose: the ranks' tensors are far too small to gain from more,
-        # the workers already use the cores, and on a busy machine an OpenMP
-        # region waiting for a descheduled helper thread stalls a case for
-        # tens to hundreds of milliseconds.
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env = envs[k]
         log = open(run_dir / f"worker-{k}.log", "wb")
         logs.append(log)
-        command = _worker_command(cfg.targets)
-        if fork_available():
+        if fork_available() and env["OMP_NUM_THREADS"] == "1":
             # Forked from this process: torch and simdist are imported already.
+            # More threads than one: a fresh process, whose OpenMP pool is its
+            # own (a fork of a process that used its pool hangs; see _zygote).
             procs.append(ForkedWorker(command[3:], env, log))
         else:
             procs.append(
@@ -193,6 +182,34 @@ def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> tup
                 )
             )
     return procs, logs
+
+
+def _worker_env(cfg: CampaignConfig, run_dir: Path, started: float, k: int, seed: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "SIMDIST_FUZZ_WORKER": "1",
+            "SIMDIST_FUZZ_RUN_DIR": str(run_dir.resolve()),
+            "SIMDIST_FUZZ_INDEX": str(k),
+            "SIMDIST_FUZZ_SEED": str(seed),
+            # Each worker's search ends `budget` seconds after it is ready.
+            "SIMDIST_FUZZ_BUDGET": repr(cfg.budget),
+            "SIMDIST_FUZZ_STARTED": repr(started),
+            "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout),
+            "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
+            "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if cfg.max_world_size is not None:
+        env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
+    # One intra-op thread per worker, as torchrun gives each rank, unless the
+    # user chose: the ranks' tensors are far too small to gain from more,
+    # the workers already use the cores, and on a busy machine an OpenMP
+    # region waiting for a descheduled helper thread stalls a case for
+    # tens to hundreds of milliseconds.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 @dataclass
@@ -321,6 +338,10 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
     finally:
         for log in logs:
             log.close()
+        for proc in procs:
+            if hasattr(proc, "close"):  # a ServerWorker: reap the worker server too
+                proc.close()
+                break
     elapsed = time.time() - started
     problems = _problems(procs, stats, run_dir, watch, cfg)
     found = {"campaign_seed": seed, **_versions(), **cfg.tags}
@@ -414,10 +435,16 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _log_tail(run_dir: Path, k: int, lines: int = 25) -> str:
-    try:
-        text = (run_dir / f"worker-{k}.log").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
+    text = ""
+    # A worker that never started (its server failed while collecting) has
+    # an empty log: what happened is in the server's.
+    for name in (f"worker-{k}.log", STARTUP_LOG):
+        try:
+            text = (run_dir / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if text.strip():
+            break
     return "\n    ".join(text.rstrip().splitlines()[-lines:])
 
 

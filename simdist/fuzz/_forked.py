@@ -5,7 +5,11 @@ several workers import at once on a loaded machine).
 
 ``ForkedWorker`` behaves as the part of ``subprocess.Popen`` the campaign
 uses. ``SIMDIST_FUZZ_SPAWN=1`` (or a platform without ``fork``) starts
-workers as fresh ``python -m pytest`` processes instead.
+workers as fresh ``python -m pytest`` processes instead. The campaign forks
+one worker server (``_zygote``) this way, which collects the target once and
+forks the workers; ``SIMDIST_FUZZ_SERVER=0`` forks each worker from the
+campaign instead, as before the server. Either way only with one intra-op
+thread (a fork of a process whose OpenMP pool ran hangs with more).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def simdist_settings(root: Path) -> dict[str, Any]:
     if not pyproject.is_file():
         return {}
     try:
-        import tomllib  # type: ignore[import-not-found]
+        import tomllib  # type: ignore[import-not-found]  # 3.11+; mypy checks as 3.10
     except ImportError:  # Python 3.10
         return {}
     try:

@@ -117,8 +117,8 @@ def replayable(decode: Callable[[Mapping[str, Any]], Any], *, arg: str = "case")
                 with _lock:
                     _in_flight.pop(key, None)
 
-        property_body.__simdist_fuzz__ = FuzzSpec(arg=arg, decode=decode)  # type: ignore[attr-defined]
-        return property_body  # type: ignore[return-value]
+        property_body.__simdist_fuzz__ = FuzzSpec(arg=arg, decode=decode)  # type: ignore[attr-defined]  # simdist's mark on the user's function
+        return property_body  # type: ignore[return-value]  # the wrapper keeps the decorated callable's type
 
     return wrap
 

@@ -40,6 +40,13 @@ _REASONS = {
 }
 
 
+# Why a single-property campaign ends at its first failure without -x.
+_ONLY_PROPERTY_FAILED = (
+    "its only property failed, so the campaign ended before its budget (later rounds would "
+    "replay that failure first from the example database, or find it again); fix it to search on"
+)
+
+
 def _short(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[-1]
 
@@ -52,6 +59,14 @@ def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: 
         if elapsed <= budget
         else (" (finishing: shrinking failures)" if stats.failures else " (finishing the cases in hand)")
     )
+    if stats.cases == 0 and not stats.failures and elapsed <= budget:
+        # Start-up: say what the workers are doing while no case has run.
+        ready = len(stats.ready_at)
+        phase += (
+            " (starting: importing and collecting the target)"
+            if ready == 0
+            else f" ({ready}/{workers} worker(s) ready: running the first cases)"
+        )
     return (
         f"fuzz {elapsed:5.0f}/{budget:.0f} s  cases {stats.cases} ({rate:.1f}/s)  "
         f"layouts {len(stats.layouts)}  failures {len(stats.failures)}  workers {workers}{phase}"
@@ -98,7 +113,10 @@ def summary_text(
         )
     reasons = sorted(set(stats.done_reasons.values()))
     if reasons:
-        lines.append(f"  stopped     {'; '.join(_REASONS.get(r, r) for r in reasons)}")
+        why = "; ".join(_REASONS.get(r, r) for r in reasons)
+        if "every property failed" in reasons and len(stats.properties) == 1:
+            why += f"; {_ONLY_PROPERTY_FAILED}"
+        lines.append(f"  stopped     {why}")
     if stats.cases_by_status.get("gave_up"):
         lines.append(
             f"  gave_up     {stats.cases_by_status['gave_up']} case(s) rejected before they ran "

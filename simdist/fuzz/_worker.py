@@ -29,6 +29,7 @@ from ._events import EventWriter, worker_file
 from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
 from ._property import clear_failures, in_flight_case, last_failure, spec_of
 from ._unfired import UnfiredPlans
+from ._zygote import ENV_WORKERS, fork_workers
 
 ENV_FLAG = "SIMDIST_FUZZ_WORKER"
 # A round of one property aims at this many seconds, so the deadline is
@@ -101,11 +102,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("simdist.fuzz._worker is started by `simdist fuzz`, not by hand")
     env = os.environ
     run_dir = Path(env["SIMDIST_FUZZ_RUN_DIR"])
-    index = int(env["SIMDIST_FUZZ_INDEX"])
+    # A worker server (see _zygote) collects for every worker, then forks
+    # them: each gets its index, seed and event stream there.
+    serving = bool(env.get(ENV_WORKERS))
+    index = 0 if serving else int(env["SIMDIST_FUZZ_INDEX"])
     _worker = _Worker(
         run_dir=run_dir,
         index=index,
-        seed=int(env["SIMDIST_FUZZ_SEED"]),
+        seed=0 if serving else int(env["SIMDIST_FUZZ_SEED"]),
         budget=float(env["SIMDIST_FUZZ_BUDGET"]),
         started=float(env["SIMDIST_FUZZ_STARTED"]),
         case_timeout=float(env.get("SIMDIST_FUZZ_CASE_TIMEOUT", "300")),
@@ -174,6 +178,10 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
     if session.testsfailed:
         w.events.emit("collect_error", count=session.testsfailed)
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+    forked = fork_workers(w.run_dir)  # a server: from here on, one of its workers
+    if forked is not None:
+        w.index, w.seed = forked
+        w.events = EventWriter(worker_file(w.run_dir, w.index))
     props: list[_PropertyState] = []
     others: list[str] = []
     for item in session.items:

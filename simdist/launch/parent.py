@@ -163,7 +163,7 @@ def _wait_for_world(
             break
         sentinels = {proc.sentinel: rank for rank, proc in pending.items()}
         for sentinel in multiprocessing.connection.wait(list(sentinels), timeout=remaining):
-            rank = sentinels[sentinel]  # type: ignore[index]
+            rank = sentinels[sentinel]  # type: ignore[index]  # wait() returns the sentinels it was given
             proc = pending.pop(rank)
             proc.join()
             exited_at[rank] = time.time()
@@ -219,7 +219,7 @@ def _collect(
     of one whenever there is one, and is reported as released.
     """
     if all(o is not None and o.ok for o in outcomes.values()):
-        return [outcomes[rank].value for rank in sorted(outcomes)]  # type: ignore[union-attr]
+        return [outcomes[rank].value for rank in sorted(outcomes)]  # type: ignore[union-attr]  # checked not None just above
     exited_at = exited_at or {}
     errors = {rank: o for rank, o in outcomes.items() if o is not None and not o.ok}
     # Ranks that exited without an outcome and were not killed by us crashed

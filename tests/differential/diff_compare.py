@@ -94,8 +94,25 @@ def compare(program: Program, gloo: Outcome, sim: Outcome) -> list[Difference]:
             g, m = gloo.ranks[rank].get(index), sim.ranks[rank].get(index)
             if both_hung and (_unfinished(g) or _unfinished(m)):
                 continue
+            if crashed_at < len(program.steps) and (_lost_connection(g) or _unfinished_hang(g)):
+                # A peer's process died: this rank's call saw its socket close,
+                # or waits for it forever. What it would have done is unknown.
+                break
             found.extend(_step(program, rank, index, s, g, m))
     return found
+
+
+def _lost_connection(record: dict[str, Any] | None) -> bool:
+    if record is None or record["status"] != "error":
+        return False
+    text = record.get("error", "")
+    return (
+        "gloo/transport" in text or "Connection reset by peer" in text or "Connection closed by peer" in text
+    )
+
+
+def _unfinished_hang(record: dict[str, Any] | None) -> bool:
+    return record is not None and record["status"] == "hang"
 
 
 def _hung(records: dict[int, dict[str, Any]]) -> bool:
@@ -124,6 +141,10 @@ def _step(
 ) -> list[Difference]:
     op = s["op"]
     if g is None and m is None:
+        return []
+    if (g is not None and g["status"] == "pending") or (m is not None and m["status"] == "pending"):
+        # An async call one world never waited for (it died or hung at a later
+        # step, where that difference is reported): its outcome is unknown.
         return []
     if g is None or m is None or g["status"] != m["status"]:
         return [Difference(rank, index, op, "status", _status(g), _status(m))]

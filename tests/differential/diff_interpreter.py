@@ -63,6 +63,9 @@ def run_rank(
             continue
         if s["async"] and call.work is not None:
             pending.append((index, call))
+            # Replaced once waited for; left in place when the rank never got
+            # there (it died or hung later), so a crash is placed at its own step.
+            emit(index, {"status": "pending"})
             continue
         record = call.finish()
         emit(index, record)

@@ -95,6 +95,15 @@ START_S = 120.0
 PG_TIMEOUT_S = 300.0
 
 
+def _stuck_at(records: dict[int, Any], steps: int) -> int | None:
+    """The step a rank that stopped answering was in: the first it sent no
+    record for, else the first async call it never finished waiting for."""
+    for i in range(steps):
+        if i not in records:
+            return i
+    return next((i for i in range(steps) if records[i]["status"] == "pending"), None)
+
+
 def _send(conn: Any, message: Any) -> None:
     # Plain pickling: multiprocessing's own would move tensors through shared
     # memory file descriptors, slower for small tensors and leaky when killed.
@@ -197,7 +206,7 @@ class GlooWorld:
             if waiting and time.monotonic() - last > quiet:
                 break
         for rank in crashed:
-            stuck = next((i for i in range(len(program.steps)) if i not in ranks[rank]), None)
+            stuck = _stuck_at(ranks[rank], len(program.steps))
             if stuck is not None:
                 code = self.procs[rank].exitcode
                 ranks[rank][stuck] = {
@@ -207,8 +216,9 @@ class GlooWorld:
                 }
         hung = sorted(waiting)
         for rank in hung:
-            stuck = next(i for i in range(len(program.steps)) if i not in ranks[rank])
-            ranks[rank][stuck] = {"status": "hang", "error": "no answer (gloo waits for its timeout)"}
+            stuck = _stuck_at(ranks[rank], len(program.steps))
+            if stuck is not None:
+                ranks[rank][stuck] = {"status": "hang", "error": "no answer (gloo waits for its timeout)"}
         if hung or not self.alive:
             self.close()
         elif any(r["status"] == "error" for recs in ranks for r in recs.values()):

@@ -32,6 +32,7 @@ from simdist.strategies import (
     layouts,
     probe_faults,
     reductions,
+    sequence_lengths,
     token_distributions,
 )
 
@@ -43,6 +44,7 @@ HIDDEN_SIZE = 8
 FFN_SIZE = 12  # divisible by every TP degree 1..4, as CotrainWorker requires
 NUM_LAYERS = 2
 MAX_SEQ_LEN = 6
+LONG_SEQ_LEN = (129, 320)
 # With clipping on, limits far below the grad norms of this tiny model, so the
 # clip is active whenever a group has any gradient.
 CLIP_NORMS = {"policy_max_grad_norm": 0.05, "draft_max_grad_norm": 0.02}
@@ -213,7 +215,9 @@ def draft_cases(
     axes = ("tp", "cp", "dp", "pp") if CP_SUPPORTED else ("tp", "dp", "pp")
     layout = draw(layouts(max_world_size=max_world or max_world_size(), axes=axes, max_degree=4))
     microbatches = draw(st.integers(min_microbatches, 4))
-    seq_len = draw(st.integers(2, MAX_SEQ_LEN))
+    # One case in eight has 129..320 positions a row: a rank's count, or the
+    # DP sum of two ranks' counts, passes bfloat16's exact integers (256).
+    seq_len = draw(sequence_lengths((2, MAX_SEQ_LEN), LONG_SEQ_LEN))
     masks = draw(token_distributions(layout.dp, microbatches, seq_len))
     weights = draw(bin_weights((1, 4)))
     single_bin = None
@@ -246,8 +250,9 @@ def draft_cases(
 def chunk_sizes(tokens: int) -> st.SearchStrategy[int]:
     """token_chunk_size against the ``tokens`` of a microbatch: beyond them and
     equal (one cached tile), a few partial tiles (streaming, a last partial
-    tile), or 1 (a tile per token). Every tile costs two TP all-reduces per
-    microbatch, so the many-tile sizes are kept to a quarter of the cases."""
+    tile), or 1 (a tile per token; eight tiles in a long microbatch). Every tile
+    costs two TP all-reduces per microbatch, so the many-tile sizes are kept
+    to a quarter of the cases."""
     return _chunk_sizes(tokens)
 
 
@@ -262,7 +267,11 @@ def _chunk_sizes(draw: st.DrawFn, tokens: int) -> int:
         return tokens
     if kind == "partial":
         return draw(st.integers(max(2, -(-tokens // 4)), tokens - 1)) if tokens > 2 else 1
-    return 1
+    # A tile per token of a long microbatch would be hundreds of tiles: eight.
+    return 1 if tokens <= _LONG_TOKENS else -(-tokens // 8)
+
+
+_LONG_TOKENS = 32  # short cases have at most 2 rows of MAX_SEQ_LEN tokens
 
 
 def probe_points(microbatches: int) -> list[str]:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from draft_loss import _validation as validation
-from draft_loss import grads, soft_ce, stats, step_state
+from draft_loss import grads, projected, soft_ce, stats, step_state
 from draft_loss.cotrain import agreement, batch, commit, model, sgd, worker
 
 Undo = Callable[[], None]
@@ -128,6 +128,20 @@ def tp_agreement_skipped() -> Undo:
 
 
 # ------------------------------------------------------------- counts, weights
+
+
+@_mutant
+def counts_kept_in_bf16() -> Undo:
+    """Per-bin token counts are accumulated in bfloat16 (a "save memory"
+    change): each token's add rounds, so a bin's count sticks at 256 (257
+    rounds back to 256) and weighted counts (mask values such as 0.1) drift."""
+
+    def bin_counts(tokens):
+        counts = torch.zeros(tokens.num_bins, dtype=torch.bfloat16, device=tokens.mask.device)
+        counts.index_add_(0, tokens.bins, tokens.mask.to(torch.bfloat16))
+        return counts.to(tokens.compute_dtype)
+
+    return _patch((soft_ce, "bin_counts", bin_counts), (projected, "bin_counts", bin_counts))
 
 
 @_mutant

@@ -120,7 +120,7 @@ def test_a_replayed_case_fails_under_a_mutant() -> None:
 
 @pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
 def test_each_mutant_changes_draft_loss_and_its_undo_restores_it(name: str) -> None:
-    from draft_loss import grads, soft_ce, stats, step_state
+    from draft_loss import grads, projected, soft_ce, stats, step_state
     from draft_loss.cotrain import agreement, batch, commit, model, sgd, worker
 
     modules = (
@@ -131,6 +131,7 @@ def test_each_mutant_changes_draft_loss_and_its_undo_restores_it(name: str) -> N
         sgd,
         worker,
         grads,
+        projected,
         soft_ce,
         stats,
         step_state,
@@ -256,6 +257,26 @@ def test_soft_ce_cases_cross_bfloat16s_exact_integer_range() -> None:
 
     counts = [sum(1 for row in case.mask for v in row if v > 0) for case in _draws(soft_ce_cases(), 120)]
     assert sum(count > 256 for count in counts) >= 3, sorted(counts)[-5:]
+
+
+def test_draft_cases_cross_bfloat16s_exact_integer_range_per_rank_and_after_the_dp_sum() -> None:
+    # With at most 6 positions a row no step's count came near 256, so a draft
+    # count kept in bfloat16 (257 -> 256), on a rank or in the DP sum, could not show.
+    from draft_cases import draft_cases
+
+    def count(rank_masks) -> float:
+        return sum(v for micro in rank_masks for row in micro for v in row[1:])
+
+    cases = _draws(draft_cases(), 200)
+    per_rank = [c for c in cases if any(count(r) > 256 for r in c.masks)]
+    summed = [c for c in cases if sum(count(r) for r in c.masks) > 256]
+    assert len(per_rank) >= 6, len(per_rank)
+    assert len(summed) >= 6 and any(c.dp > 1 for c in summed), [(c.dp, c.seq_len) for c in summed]
+    # Long microbatches never run a tile per token (hundreds of TP all-reduces).
+    long = [c for c in cases if c.seq_len > 6]
+    for c in long:
+        tokens = max(len(m[0]) * c.seq_len for m in c.masks)
+        assert -(-tokens // c.token_chunk_size) <= 8, (tokens, c.token_chunk_size)
 
 
 def test_projected_and_padding_cases_survive_json_and_draw_non_finite_padding() -> None:

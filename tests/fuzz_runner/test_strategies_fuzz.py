@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import simdist
 from simdist.faults import KINDS
 from simdist.strategies import (
+    BF16_EXACT_INTEGERS,
     MASK_ROW_KINDS,
     REDUCTION_NAMES,
     WEIGHT_VALUES,
@@ -28,6 +29,7 @@ from simdist.strategies import (
     mask_rows,
     probe_faults,
     reductions,
+    sequence_lengths,
     token_distributions,
 )
 
@@ -295,3 +297,61 @@ def test_weights_and_mask_scales_include_values_inexact_in_bfloat16_and_float16(
         for dtype in (torch.bfloat16, torch.float16):
             inexact = [v for v in values if float(torch.tensor(v).to(dtype)) != v]
             assert len(inexact) >= 0.05 * len(values), (dtype, len(inexact), len(values))
+
+
+def _count(rank_masks) -> float:
+    """A DP rank's draft-token count: its mask values past each row's first position."""
+    return sum(v for micro in rank_masks for row in micro for v in row[1:])
+
+
+def test_default_token_distributions_cross_bfloat16s_exact_integers_per_rank_and_after_the_dp_sum() -> None:
+    # Integers up to 256 are exact in bfloat16 (257 rounds to 256): with
+    # sequences of at most 6 tokens no drawn count came near, so a count kept
+    # in bfloat16 on a rank, or summed over DP in bfloat16, could not show.
+    @st.composite
+    def step_masks(draw: st.DrawFn):
+        ranks = draw(st.integers(1, 4))
+        return draw(token_distributions(ranks, draw(st.integers(1, 4)), draw(sequence_lengths())))
+
+    drawn = _draw_many(step_masks(), 100, 4)
+    n = len(drawn)
+    per_rank = sum(any(_count(rank) > BF16_EXACT_INTEGERS for rank in masks) for masks in drawn) / n
+    summed = [sum(_count(rank) for rank in masks) for masks in drawn]
+    after_sum = sum(total > BF16_EXACT_INTEGERS for total in summed) / n
+    # Measured: 2.8% and 3.0% of these derandomised draws (a campaign's random
+    # draws of the default target: about 9%, tests/fuzz/test_fuzz_wiring.py).
+    assert per_rank >= 0.015, f"a rank's count past 256 in {per_rank:.1%} of cases"
+    assert after_sum >= 0.015, f"the DP sum past 256 in {after_sum:.1%} of cases"
+    # ... including sums that bfloat16 cannot hold (an odd count past 256, a fractional one).
+    inexact = [
+        t for t in summed if t > BF16_EXACT_INTEGERS and float(torch.tensor(t).to(torch.bfloat16)) != t
+    ]
+    assert len(inexact) >= 0.01 * n, (len(inexact), n)
+    # Most cases stay short (cheap), and the short ones draw as before.
+    assert sum(total <= 48 for total in summed) >= 0.75 * n
+
+
+def test_sequence_lengths_are_mostly_short_shrink_short_and_refuse_bad_bounds() -> None:
+    lengths = _draw_many(sequence_lengths(), 100, 5)
+    long = [x for x in lengths if x > 6]
+    assert all(2 <= x <= 6 or 129 <= x <= 320 for x in lengths)
+    assert 0.05 <= len(long) / len(lengths) <= 0.25, len(long) / len(lengths)
+    assert set(_draw_many(sequence_lengths(long_every=0), 50, 5)) <= set(range(2, 7))
+    assert find(sequence_lengths(), lambda x: True, settings=searching) == 2
+    assert find(sequence_lengths(), lambda x: x > 100, settings=searching) == 129
+    for kwargs, fragment in (
+        ({"short": (0, 3)}, "short must be"),
+        ({"long": (9, 3)}, "long must be"),
+        ({"long_every": 1}, "long_every must be 0 or an int >= 2"),
+        ({"long_every": "8"}, "long_every"),
+    ):
+        with pytest.raises(ValueError, match=fragment):
+            sequence_lengths(**kwargs)
+
+
+def test_long_mask_rows_are_cheap_and_keep_every_kind() -> None:
+    rows = _draw_many(mask_rows(150), 60, 5)
+    assert all(len(row) == 150 for row in rows)
+    valid = [sum(v > 0 for v in row) for row in rows]
+    assert any(v == 0 for v in valid) and any(v == 1 for v in valid) and any(v >= 142 for v in valid)
+    assert any(0 < v < 142 and v != 1 for v in valid), "random rows (a repeated drawn pattern)"
