@@ -16,6 +16,10 @@ child process, so one measurement's memory or threads never weigh on the next):
   group (torch.testing._internal, used here for comparison only), interleaved;
 * the cost of one state swap at a run-token switch (rank_state.RankStates).
 
+``--focus`` prints only the engine's two targets against the threaded PG,
+interleaved in one process per world size: an empty world's start plus
+teardown at 8 and 64 ranks, and a small all_reduce at 2, 4, 8 and 16 ranks.
+
 ``--before REV`` runs the same child measurements on simdist as of git
 revision REV too (exported with ``git archive``), for a before/after table;
 slow "before" figures are skipped past ``--before-timeout`` seconds.
@@ -24,6 +28,7 @@ Prints, never asserts.
 
     python benchmarks/scale.py
     python benchmarks/scale.py --before 4e83851 --quick
+    python benchmarks/scale.py --focus --before main
 """
 
 from __future__ import annotations
@@ -286,6 +291,76 @@ def child_vs_threaded(n: int, iters: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def _threaded_pg_world(n: int) -> float:
+    """Seconds to start and tear down an empty ``n``-rank world of torch's
+    threaded test PG: threads started, ``init_process_group`` and
+    ``destroy_process_group`` in each, threads joined."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _set_thread_isolation_mode
+    from torch.testing._internal.distributed import multi_threaded_pg as mtpg
+
+    start = time.perf_counter()
+    mtpg._install_threaded_pg()
+    _set_thread_isolation_mode(True)
+    store = dist.HashStore()
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            dist.init_process_group("threaded", rank=r, world_size=n, store=store)
+            dist.destroy_process_group()
+        except BaseException as exc:
+            errors.append(exc)
+            mtpg.ProcessLocalGroup.exception_handle(exc)
+
+    try:
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _set_thread_isolation_mode(False)
+        mtpg._uninstall_threaded_pg()
+        mtpg.ProcessLocalGroup.reset()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start
+
+
+def empty_body(ctx: Any) -> int:
+    return int(ctx.rank)
+
+
+def child_startup(n: int, repeats: int) -> dict[str, Any]:
+    """An empty world's start and teardown, simdist and the threaded PG
+    alternating in this one process (after one warm-up world of each)."""
+    import simdist
+
+    sim, threaded, sim_cpu, threaded_cpu = [], [], [], []
+    try:
+        _threaded_pg_world(n)
+    except Exception as exc:
+        return {"error": f"threaded PG failed: {type(exc).__name__}: {exc}"}
+    simdist.run(empty_body, world_size=n)
+    for _ in range(repeats):
+        cpu = time.process_time()
+        threaded.append(_threaded_pg_world(n))
+        threaded_cpu.append(time.process_time() - cpu)
+        cpu, start = time.process_time(), time.perf_counter()
+        simdist.run(empty_body, world_size=n)
+        sim.append(time.perf_counter() - start)
+        sim_cpu.append(time.process_time() - cpu)
+    return {
+        "simdist": statistics.median(sim),
+        "threaded": statistics.median(threaded),
+        "ratios": [s / t for s, t in zip(sim, threaded)],
+        # The process's CPU (every thread's): far less disturbed by other load.
+        "simdist_cpu": statistics.median(sim_cpu),
+        "threaded_cpu": statistics.median(threaded_cpu),
+    }
+
+
 def child_switch() -> dict[str, Any]:
     import random
     import types
@@ -327,6 +402,7 @@ CHILDREN = {
     "rss": child_rss,
     "vs_threaded": child_vs_threaded,
     "switch": child_switch,
+    "startup": child_startup,
 }
 
 
@@ -388,6 +464,45 @@ def table(headers: list[str], rows: list[list[str]]) -> None:
     print()
 
 
+def _vs_threaded_row(label: str, r: dict[str, Any]) -> list[str]:
+    if "error" in r:
+        return [label, f"({r['error']})", "", ""]
+    spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
+    return [
+        label,
+        fmt_time(r["simdist"]),
+        fmt_time(r["threaded"]),
+        f"{r['simdist'] / r['threaded']:.2f}x (per pair {spread})",
+    ]
+
+
+def focus(roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: int) -> None:
+    """The engine's targets: each figure against the threaded PG measured in
+    the same process, alternating; "now" and "before" alternate per world size."""
+    headers = ["world, simdist", "simdist", "threaded PG", "simdist / threaded"]
+    print(f"Empty world, start + teardown (whole simdist.run), median of {repeats * 3} alternating")
+    rows = []
+    for n in (8, 64):
+        for name, root in roots.items():
+            r = measure(root, "startup", n, repeats * 3, timeout=limit[name] + 300)
+            row = _vs_threaded_row(f"{n} ranks, {name}", r)
+            if "error" not in r:
+                row += [
+                    fmt_time(r["simdist_cpu"]),
+                    fmt_time(r["threaded_cpu"]),
+                    f"{r['simdist_cpu'] / r['threaded_cpu']:.2f}x",
+                ]
+            rows.append(row + [""] * (7 - len(row)))
+    table(headers + ["simdist CPU", "threaded CPU", "CPU ratio"], rows)
+    print(f"Small all_reduce (8 float32) per call, slowest rank, median of {repeats} alternating")
+    rows = []
+    for n in (2, 4, 8, 16):
+        for name, root in roots.items():
+            r = measure(root, "vs_threaded", n, iters // 2, repeats, timeout=limit[name] + 300)
+            rows.append(_vs_threaded_row(f"{n} ranks, {name}", r))
+    table(headers, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -402,6 +517,11 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     parser.add_argument("--no-4096", action="store_true", help="skip the 4096-rank figures")
+    parser.add_argument(
+        "--focus",
+        action="store_true",
+        help="only start+teardown (8, 64 ranks) and small all_reduce (2-16 ranks) against the threaded PG",
+    )
     opts = parser.parse_args()
     if opts.child:
         kind, *args = opts.child
@@ -415,6 +535,10 @@ def main() -> None:
         roots["before"] = export(opts.before)
     limit = {"now": 900.0, "before": opts.before_timeout}
     print(f"simdist scale benchmark; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start\n")
+    if opts.focus:
+        focus(roots, limit, iters, repeats)
+        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+        return
 
     print("Start-up and one step (tp all_reduce, dp all_reduce, pp send/recv), whole simdist.run")
     rows = []

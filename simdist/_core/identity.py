@@ -42,16 +42,17 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Identity", "bind", "interrupt", "leave", "me", "shield", "unbind"]
+__all__ = ["Identity", "bind", "forget_pooled", "interrupt", "leave", "mark_pooled", "me", "shield", "unbind"]
 
 
 class _Gate:
     """Whether simdist may still raise a stop in one thread (shared with senders)."""
 
-    __slots__ = ("ident", "lock", "open", "stopped")
+    __slots__ = ("ident", "lock", "open", "stopped", "world")
 
-    def __init__(self, ident: int) -> None:
+    def __init__(self, ident: int, world: Any = None) -> None:
         self.ident = ident
+        self.world = world
         self.lock = threading.Lock()
         self.open = True
         self.stopped = False
@@ -72,12 +73,23 @@ me = Identity()
 
 # Gates of the bound threads, by thread id: what ``interrupt`` looks up.
 _gates: dict[int, _Gate] = {}
+# Threads of ``_core.pool``: between tasks (parked, or tidying up) they serve
+# no run, and a stop meant for the task they ran must not reach them.
+_pooled: set[int] = set()
+
+
+def mark_pooled(ident: int) -> None:
+    _pooled.add(ident)
+
+
+def forget_pooled(ident: int) -> None:
+    _pooled.discard(ident)
 
 
 def bind(world: Any, rank: int, c10d: Any = None, helper: Any = None) -> None:
     """This thread now serves ``rank`` of ``world`` (a rank's thread, or its helper)."""
     ident = threading.get_ident()
-    gate = _Gate(ident)
+    gate = _Gate(ident, world)
     me.world = world
     me.rank = rank
     me.c10d = c10d
@@ -119,11 +131,13 @@ def _in_logging(ident: int) -> bool:
     return False
 
 
-def interrupt(ident: int, exc_type: type[BaseException]) -> None:
+def interrupt(ident: int, exc_type: type[BaseException], world: Any = None) -> None:
     """Ask the thread ``ident`` to stop by raising ``exc_type`` in it.
 
     A bound thread is asked at most once, and only until it shields its
-    clean-up; a thread simdist did not bind (none should be asked) is asked
+    clean-up; with ``world``, only while it serves that run (a pooled thread
+    may serve the next run by now); a pooled thread that serves no run is
+    never asked; a thread simdist did not bind (none should be asked) is asked
     as before. A thread blocked in C only sees the request when it returns
     to Python. A thread inside ``logging`` is asked once it has left it (at
     most ``_HOLD_BACK_S`` later: a thread stuck there is asked all the same)."""
@@ -132,7 +146,10 @@ def interrupt(ident: int, exc_type: type[BaseException]) -> None:
         time.sleep(0.001)
     gate = _gates.get(ident)
     if gate is None:
-        _set_async(ident, exc_type)
+        if ident not in _pooled:
+            _set_async(ident, exc_type)
+        return
+    if world is not None and gate.world is not world:
         return
     with gate.lock:
         if gate.open and not gate.stopped:

@@ -85,6 +85,11 @@ class RankStates:
             _builtin_slots() + explicit + rank_local_defaults.default_slots({s.name for s in explicit})
         )
         self._lock = threading.Lock()
+        # Generator snapshots are immutable, so every rank starts from the
+        # caller's very objects: a rank that never draws is never written.
+        self._ranks: list[list[Any] | None] = [None] * world_size
+        self._loaded: int | None = None  # whose values the process holds now
+        self.switches = 0
         # The caller's values, not those of a rank of another run in progress.
         try:
             if not hold.take(self, _aborted):
@@ -94,21 +99,22 @@ class RankStates:
                     previous, _owner = _owner, None
                     previous._evict()
                 self._caller = [s.get() for s in self._slots]
+                self._held = list(self._caller)  # the values the process holds now
+                # The fingerprint of the process state when each held value was
+                # read or loaded (None: cannot vouch, read it at the next switch).
+                self._marks = [
+                    self._mark(i, v, self._slots[i].fingerprint()) for i, v in enumerate(self._caller)
+                ]
+                # The process holds the caller's values, just read: the first
+                # switch checks fingerprints instead of reading every slot again
+                # (numpy's state alone costs tens of us to read and to write).
+                _owner = self
             finally:
                 hold.release()
         except BaseException:
             for slot in self._slots:
                 slot.close()  # the import hook a default slot put in place
             raise
-        # Generator snapshots are immutable, so every rank starts from the
-        # caller's very objects: a rank that never draws is never written.
-        self._ranks: list[list[Any] | None] = [None] * world_size
-        self._loaded: int | None = None  # whose values the process holds now
-        self._held = list(self._caller)  # the values the process holds now
-        # The fingerprint of the process state when each held value was read
-        # or loaded (None: cannot vouch, read it at the next switch).
-        self._marks = [self._mark(i, v, self._slots[i].fingerprint()) for i, v in enumerate(self._caller)]
-        self.switches = 0
 
     def _mark(self, i: int, value: Any, fingerprint: Any) -> Any:
         if fingerprint is not None and self._slots[i].name == "numpy.random" and _numpy_has_gauss(value):
@@ -169,6 +175,18 @@ class RankStates:
                 self._loaded = None
                 _set_all(self._slots, self._caller)
 
+    def _changed_from_caller(self) -> tuple[list[_Slot], list[Any]]:
+        """The slots (with the caller's values) the process may no longer hold
+        the caller's value of: all but those it was last seen holding, by a
+        fingerprint that still vouches for it (called with the lock held)."""
+        slots, values = [], []
+        for i, (slot, value) in enumerate(zip(self._slots, self._caller)):
+            mark = self._marks[i]
+            if mark is None or self._held[i] is not value or slot.fingerprint() != mark:
+                slots.append(slot)
+                values.append(value)
+        return slots, values
+
     def restore_caller(self) -> None:
         """Put the caller's values back (the run has ended). The run gives
         up ownership first, whatever fails: a slot whose write fails must not
@@ -183,7 +201,7 @@ class RankStates:
             with self._lock:
                 if _owner is self:
                     _owner = None
-                    _set_all(self._slots, self._caller)
+                    _set_all(*self._changed_from_caller())
         finally:
             self._loaded = None
             if taken:

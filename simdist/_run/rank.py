@@ -36,6 +36,8 @@ def rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int, share: bo
     between arguments), or the same objects for all with ``share``."""
     if share:
         return [(args, kwargs)] * n
+    if not args and not kwargs:  # nothing to copy: each rank its own empty kwargs
+        return [((), {}) for _ in range(n)]
     try:
         return [copy.deepcopy((args, kwargs)) for _ in range(n)]
     except Exception as exc:
@@ -85,7 +87,10 @@ class RankThreads:
         identity.bind(world, rank, c10d_state.new_rank_state(self.run_id, rank))
         world.scheduler.bind_thread(rank)
         try:
-            self.go.wait()
+            if not world.scheduler.scheduled:
+                # Scheduled, the run token is that wait: it is handed out once
+                # every thread runs, and no rank wakes just to park again.
+                self.go.wait()
             world.scheduler.acquire(rank)
             if world.scheduler.aborted is not None:  # interrupted before its body began
                 raise world.scheduler.aborted

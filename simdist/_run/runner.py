@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from .._backend.registration import register_backend
-from .._core.spawn import TreeStart
+from .._core.pool import PooledStart
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
+from .._isolation.thread_state import forget_thread_caches, thread_state
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError
 from ..faults import FaultPlan, report_unfired
@@ -173,11 +174,12 @@ def run_with_options(
 def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
     """Start every rank thread, join them by the deadline; the watchdog's report, if it fired."""
     world = ranks.world
-    starter = TreeStart(world.world_size, ranks.main, lambda r: f"simdist-rank-{r}")
+    starter = PooledStart(
+        world.world_size, ranks.main, lambda r: f"simdist-rank-{r}", thread_state, forget_thread_caches
+    )
     threads = starter.threads
     for t, done in zip(threads, ranks.exited):
-        t.simdist_exited = done  # type: ignore[attr-defined]  # simdist's mark on the rank thread
-        t._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
+        t.simdist_exited = done  # a Seat: _simdist_helper is set on its thread by the pool
     try:
         starter.start()
         ranks.go.set()
@@ -191,6 +193,10 @@ def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
         if still and hasattr(exc, "add_note"):
             exc.add_note(watchdog.stuck_report(still, "run() was interrupted"))
         raise
+    finally:
+        for t in threads:
+            if watchdog.is_alive(t):
+                t.abandon()  # left behind: its thread ends whenever it returns, never parked
 
 
 def _tear_down(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .. import stacks
 from .._core import identity
+from .._core.pool import Seat
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError, SimulationTimeout
 
@@ -26,12 +27,13 @@ if TYPE_CHECKING:
 GRACE_S = 5.0
 
 
-def raise_in(thread_id: int, error: type[BaseException]) -> None:
-    """Raise ``error`` in the thread ``thread_id`` at its next Python bytecode."""
-    identity.interrupt(thread_id, error)  # gated: never in a thread's clean-up
+def raise_in(thread_id: int, error: type[BaseException], world: World | None = None) -> None:
+    """Raise ``error`` in the thread ``thread_id`` at its next Python bytecode
+    (with ``world``: only while the thread serves that run)."""
+    identity.interrupt(thread_id, error, world)  # gated: never in a thread's clean-up
 
 
-def join_all(threads: list[threading.Thread], world: World, deadline: float, timeout: float) -> str | None:
+def join_all(threads: list[Seat], world: World, deadline: float, timeout: float) -> str | None:
     """Join every rank thread; at the watchdog's ``deadline`` (``timeout``
     seconds after ``run`` was called) interrupt the stuck ones.
 
@@ -81,7 +83,7 @@ def join_all(threads: list[threading.Thread], world: World, deadline: float, tim
     return report
 
 
-def stuck_report(still: list[threading.Thread], why: str) -> str:
+def stuck_report(still: list[Seat], why: str) -> str:
     """Name the threads nothing could stop, with where they are stuck."""
     frames = sys._current_frames()
     lines = [
@@ -97,9 +99,7 @@ def stuck_report(still: list[threading.Thread], why: str) -> str:
     return "\n".join(lines)
 
 
-def interrupt(
-    threads: list[threading.Thread], world: World, error: SimulationError
-) -> list[threading.Thread]:
+def interrupt(threads: list[Seat], world: World, error: SimulationError) -> list[Seat]:
     """Abort the world, raise ``error``'s type in running ranks, join them.
 
     Returns the threads that did not stop within the grace period.
@@ -108,7 +108,7 @@ def interrupt(
     return wait_for(threads)
 
 
-def signal(threads: list[threading.Thread], world: World, error: SimulationError) -> None:
+def signal(threads: list[Seat], world: World, error: SimulationError) -> None:
     world.scheduler.abort(error)
     idents = [t.ident for t in threads if is_alive(t) and t.ident is not None]
     # Helper threads too: a rank waits for its helpers before it ends.
@@ -119,29 +119,29 @@ def signal(threads: list[threading.Thread], world: World, error: SimulationError
     for ident in idents:
         # Interrupts Python-level loops; a thread blocked inside C code stays
         # stuck, and is reported by the caller.
-        raise_in(ident, type(error))
+        raise_in(ident, type(error), world)
 
 
-def wait_for(threads: list[threading.Thread]) -> list[threading.Thread]:
+def wait_for(threads: list[Seat]) -> list[Seat]:
     grace = time.monotonic() + GRACE_S
     for t in threads:
         join(t, max(0.0, grace - time.monotonic()))
     return [t for t in threads if is_alive(t)]
 
 
-def is_alive(t: threading.Thread) -> bool:
+def is_alive(t: Seat) -> bool:
     done = getattr(t, "simdist_exited", None)
     return t.is_alive() if done is None or not t.ident else not done.is_set()
 
 
-def join(t: threading.Thread, timeout: float) -> None:
+def join(t: Seat, timeout: float) -> None:
     done = getattr(t, "simdist_exited", None)
     if not t.ident:
         return  # never started (the OS refused a thread, or interrupted while starting)
     if done is None:
         t.join(timeout)
     elif _wait_event(done, timeout):
-        t.join(1.0)  # it has left simdist; let the thread itself end
+        t.join(1.0)  # it has left simdist; let the thread park or end
 
 
 # A nested run's caller waits for its ranks in slices this long (see _wait_event).

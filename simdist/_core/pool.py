@@ -1,0 +1,331 @@
+"""Rank threads kept parked between runs, and handed out again.
+
+Starting an OS thread and ending it cost more than everything else an empty
+8-rank world does (the kernel's clone, the first touches of a fresh stack,
+the exit and the join): about 0.25 ms of CPU a thread on a 2-core machine.
+A rank thread that ends its run cleanly is parked here instead, and the next
+run's rank runs on it.
+
+A parked thread must be indistinguishable from a fresh one. What a task can
+leave behind in its thread is put back or checked before the thread is
+parked: its ``threading.local`` values are dropped (as a thread's exit drops
+them), each task runs in a fresh ``contextvars.Context`` (a new thread's
+context is empty), its name and daemon flag are set per task, and
+``tidy`` (given by the caller) empties caches it knows a thread keeps, and
+``fingerprint`` (also the caller's: what it knows how to read of a thread's
+state, such as torch's grad mode) must then read the same as when the
+thread was new, and no trace or profile function may be left set; a thread
+that fails a check, whose task raised, or that its run gave up on (stuck
+past the watchdog) is not parked but ends, as it always did.
+
+A parked thread is not listed by ``threading.enumerate()`` (it is taken out of
+``threading._active`` while parked and put back before its next task starts):
+code that checks no thread outlives a run keeps seeing only the threads
+doing work. Parked threads are daemons, at most ``MAX_IDLE`` of them, woken and
+ended at interpreter exit, and forgotten in a forked child (the fork copies
+none of them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import identity
+from .spawn import TreeStart
+
+__all__ = ["MAX_IDLE", "PooledStart", "Seat", "idle_count"]
+
+_PARK_S = 60.0
+# At most this many threads are parked (a 4096-rank world keeps no more than
+# this many stacks alive once it has ended); 0 parks none, as does the
+# environment variable SIMDIST_REUSE_THREADS=0.
+MAX_IDLE = 0 if os.environ.get("SIMDIST_REUSE_THREADS", "1").strip() == "0" else 128
+
+_lock = threading.Lock()
+_idle: list[_Worker] = []
+_closing = False
+
+# A borrowed reference: read as an address (a ``py_object`` result type would
+# be taken as a new reference, and the thread state's dict freed under it).
+_get_dict = ctypes.pythonapi.PyThreadState_GetDict
+_get_dict.restype = ctypes.c_void_p
+_get_dict.argtypes = []
+
+
+def _thread_dict() -> dict[Any, Any]:
+    address = _get_dict()
+    state: dict[Any, Any] = ctypes.cast(address, ctypes.py_object).value if address else {}
+    return state
+
+
+class Seat:
+    """One rank's use of a thread, what its run joins (for ``watchdog``).
+
+    ``is_alive`` and ``join`` are about the task: a seat whose task has ended
+    and whose thread is parked again (or has ended) is not alive."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.released = threading.Event()  # set once the thread is parked or about to end
+        self.abandoned = False  # the run gave up on it: its thread must not be parked again
+        self.worker: _Worker | None = None
+        self.simdist_exited: threading.Event | None = None  # set by the run layer
+
+    @property
+    def ident(self) -> int | None:
+        return None if self.worker is None else self.worker.thread.ident
+
+    def is_alive(self) -> bool:
+        worker = self.worker
+        return worker is not None and worker.thread.is_alive() and not self.released.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        worker = self.worker
+        if worker is None or worker.thread.ident is None:
+            return
+        if self.released.wait(timeout) and worker.ending:
+            worker.thread.join(timeout)
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Worker:
+    __slots__ = ("ending", "fingerprint", "parked", "permit", "pristine", "seat", "target", "thread", "tidy")
+
+    def __init__(self) -> None:
+        self.permit = threading.Lock()
+        self.permit.acquire()
+        self.seat: Seat | None = None
+        self.target: Callable[[], None] = _nothing
+        self.fingerprint: Callable[[], Any] = lambda: None
+        self.tidy: Callable[[], None] = _nothing
+        self.pristine: Any = None
+        self.ending = False
+        self.parked = False  # in _idle (written with _lock held)
+        self.thread: threading.Thread = threading.current_thread()
+
+    def assign(
+        self,
+        seat: Seat,
+        target: Callable[[], None],
+        fingerprint: Callable[[], Any],
+        tidy: Callable[[], None],
+    ) -> None:
+        seat.worker = self
+        self.seat = seat
+        self.target = target
+        self.fingerprint = fingerprint
+        self.tidy = tidy
+
+    def main(self) -> None:
+        """A new thread's life: tasks until one cannot be followed by another."""
+        self.thread = threading.current_thread()
+        self.pristine = _thread_state(self.fingerprint)
+        identity.mark_pooled(threading.get_ident())
+        try:
+            while True:
+                seat = self.seat
+                assert seat is not None
+                self._run_task(seat)
+                if not self._park(seat):
+                    return
+        finally:
+            with _lock:
+                if self in _idle:
+                    _idle.remove(self)
+            identity.forget_pooled(threading.get_ident())
+
+    def _run_task(self, seat: Seat) -> None:
+        thread = self.thread
+        thread.name = seat.name
+        # private: what threading.settrace/setprofile give every new thread
+        trace, profile = threading._trace_hook, threading._profile_hook  # type: ignore[attr-defined]
+        # What a fresh thread's bootstrap installs.
+        if trace is not None:
+            sys.settrace(trace)
+        if profile is not None:
+            sys.setprofile(profile)
+        try:
+            contextvars.Context().run(self.target)
+        except BaseException:
+            self.ending = True
+            seat.released.set()
+            raise
+        finally:
+            thread._daemonic = True  # type: ignore[attr-defined]  # private: the flag a new thread inherits
+            # A parked thread keeps nothing of its last run alive.
+            self.target = _nothing
+
+    def _park(self, seat: Seat) -> bool:
+        """Park the thread for a later task (True once it has one), or end it."""
+        ident = threading.get_ident()
+        try:
+            _drop_thread_locals()
+            self.tidy()
+            clean = _thread_state(self.fingerprint) == self.pristine
+        except Exception:
+            clean = False  # a state it cannot read is not one it can vouch for
+        with _lock:
+            keep = clean and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
+            if keep:
+                self._park_locked(ident)
+        if not keep:
+            self.ending = True
+            seat.released.set()
+            return False
+        seat.released.set()
+        while True:
+            # Parked until a run takes it (the wait is bounded only so that it
+            # stays a loop); never listed, never interrupted (see ``identity``).
+            # Whether it has a task is decided under the lock, never by the
+            # wake-up alone: a spare permit only costs another look.
+            while not self.permit.acquire(timeout=_PARK_S):
+                pass
+            with _lock:
+                if self.ending:
+                    return False
+                if not self.parked:
+                    if self.seat is not None:
+                        return True
+                    self._park_locked(ident)  # taken by a start that failed before giving it a task
+
+    def _park_locked(self, ident: int) -> None:
+        _hide(ident)
+        self.seat = None
+        self.parked = True
+        _idle.append(self)
+
+
+def _thread_state(fingerprint: Callable[[], Any]) -> Any:
+    return (sys.gettrace(), sys.getprofile(), fingerprint())
+
+
+def _drop_thread_locals() -> None:
+    """Forget this thread's ``threading.local`` values, as its exit would:
+    CPython keeps each in the thread state's dict under a key of its own."""
+    state = _thread_dict()
+    for key in [k for k, v in state.items() if type(v).__name__ == "_localdummy"]:
+        del state[key]
+
+
+# threading's private registry of live threads (what enumerate() lists); its
+# lock is read each time: a forked child gets a new one.
+_registry: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]  # private
+
+
+def _registry_lock() -> Any:
+    return threading._active_limbo_lock  # type: ignore[attr-defined]  # private
+
+
+def _hide(ident: int) -> None:
+    with _registry_lock():
+        _registry.pop(ident, None)
+
+
+def _show(thread: threading.Thread) -> None:
+    assert thread.ident is not None
+    with _registry_lock():
+        _registry[thread.ident] = thread
+
+
+def idle_count() -> int:
+    """How many threads are parked right now."""
+    with _lock:
+        return len(_idle)
+
+
+class PooledStart:
+    """``n`` seats running ``target(i)``, on parked threads first, then on new
+    ones (started in a tree, see ``spawn``); ``start()`` starts them all. The
+    seats exist before ``start()``, so a caller can take them down if it fails."""
+
+    def __init__(
+        self,
+        n: int,
+        target: Callable[[int], None],
+        name: Callable[[int], str],
+        fingerprint: Callable[[], Any] = lambda: None,
+        tidy: Callable[[], None] = _nothing,
+    ) -> None:
+        self.threads = [Seat(name(i)) for i in range(n)]
+        self._target = target
+        self._name = name
+        self._fingerprint = fingerprint
+        self._tidy = tidy
+
+    def start(self) -> None:
+        """Return once every seat's thread runs; a thread the OS refused
+        raises ``spawn.StartFailed`` (the others keep running)."""
+        n, seats = len(self.threads), self.threads
+        taken: list[_Worker] = []
+        try:
+            with _lock:
+                # Taken and given its task under one hold of the lock: a parked
+                # thread woken early sees either no task (and waits on) or its task.
+                while _idle and len(taken) < n:
+                    worker = _idle.pop()
+                    worker.parked = False
+                    taken.append(worker)
+                    _show(worker.thread)  # listed again before it runs anything
+                for i, (seat, worker) in enumerate(zip(seats, taken)):
+                    worker.assign(seat, _bound(self._target, i), self._fingerprint, self._tidy)
+            fresh = [_Worker() for _ in range(n - len(taken))]
+            for i, (seat, worker) in enumerate(zip(seats[len(taken) :], fresh), start=len(taken)):
+                worker.assign(seat, _bound(self._target, i), self._fingerprint, self._tidy)
+        finally:
+            # Even if interrupted here: a taken thread left without a task
+            # would stay listed and parked for ever (it parks itself again).
+            for worker in taken:
+                try:
+                    worker.permit.release()
+                except RuntimeError:
+                    pass  # a permit is already pending
+        if fresh:
+            offset, name = len(taken), self._name
+            starter = TreeStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i))
+            for worker, thread in zip(fresh, starter.threads):
+                worker.thread = thread
+                thread._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
+            starter.start()
+
+
+def _bound(target: Callable[[int], None], i: int) -> Callable[[], None]:
+    return lambda: target(i)
+
+
+def _close() -> None:
+    """Interpreter exit: end every parked thread."""
+    global _closing
+    with _lock:
+        _closing = True
+        parked = list(_idle)
+        _idle.clear()
+        for worker in parked:
+            worker.ending = True
+            _show(worker.thread)
+    for worker in parked:
+        worker.permit.release()
+    for worker in parked:
+        worker.thread.join(1.0)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _idle.clear()  # their threads do not exist in the child
+
+
+atexit.register(_close)
+os.register_at_fork(after_in_child=_after_fork_in_child)
