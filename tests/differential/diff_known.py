@@ -297,4 +297,11 @@ def new_differences(program: Program, found: list[Difference]) -> list[Differenc
         (d.index for d in found if d.aspect == "status" and explain(program, d) is not None),
         default=len(program.steps),
     )
-    return [d for d in found if d.index <= cut and explain(program, d) is None]
+    return [d for d in found if d.index <= cut and explain(program, d) is None and not _left_waiting(d, cut)]
+
+
+def _left_waiting(d: Difference, cut: int) -> bool:
+    """At the step where a known difference stopped one member (simdist refused
+    its call), the members that made theirs wait for it: on simdist that wait
+    ends in DeadlockError. A consequence, not a new difference."""
+    return d.index == cut and d.aspect == "status" and "DeadlockError" in d.simdist and d.gloo == "ok"
