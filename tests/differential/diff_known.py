@@ -303,5 +303,11 @@ def new_differences(program: Program, found: list[Difference]) -> list[Differenc
 def _left_waiting(d: Difference, cut: int) -> bool:
     """At the step where a known difference stopped one member (simdist refused
     its call), the members that made theirs wait for it: on simdist that wait
-    ends in DeadlockError. A consequence, not a new difference."""
-    return d.index == cut and d.aspect == "status" and "DeadlockError" in d.simdist and d.gloo == "ok"
+    ends in DeadlockError, or in CollectiveMismatchError when the refused
+    member went on to its next call. A consequence, not a new difference."""
+    return (
+        d.index == cut
+        and d.aspect == "status"
+        and d.gloo == "ok"
+        and ("DeadlockError" in d.simdist or "CollectiveMismatchError" in d.simdist)
+    )
