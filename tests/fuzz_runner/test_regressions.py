@@ -40,6 +40,17 @@ def _read(path: Path) -> CaseFile | None:
         return None  # reported by the replay test itself
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _warm_gloo_worlds_end_with_the_module():
+    """Replayed differential cases leave the campaign's warm gloo worlds running;
+    they go with this module, so a later test in the same worker process
+    (run_processes' own checks) sees no child left."""
+    yield
+    worlds = sys.modules.get("diff_worlds")
+    if worlds is not None:
+        worlds.close_gloo_worlds()
+
+
 def test_the_corpus_is_not_empty():
     assert CASES, "fixtures/regressions/ holds no case: the replay tests below would check nothing"
 
