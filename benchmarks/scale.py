@@ -212,13 +212,13 @@ def child_rss(tp: int, dp: int, pp: int) -> dict[str, Any]:
     return {"world": tp * dp * pp, "rss_delta": rss - before}
 
 
-def _threaded_pg_all_reduce(n: int, iters: int) -> float:
-    """Seconds per small all_reduce on torch's threaded test PG (slowest rank).
+def _on_threaded_pg(n: int, rank_body: Any) -> None:
+    """Run ``rank_body(r)`` on ``n`` threads of torch's threaded test PG, each
+    between ``init_process_group`` and ``destroy_process_group``.
 
     On torch 2.13 it does not initialise by itself (c10d's C++ group-name
     registry is process-wide, so every rank registering group "0" collides):
     thread-isolation mode gives each thread its own registry while it runs."""
-    import torch
     import torch.distributed as dist
     from torch._C._distributed_c10d import _set_thread_isolation_mode
     from torch.testing._internal.distributed import multi_threaded_pg as mtpg
@@ -226,20 +226,12 @@ def _threaded_pg_all_reduce(n: int, iters: int) -> float:
     mtpg._install_threaded_pg()
     _set_thread_isolation_mode(True)
     store = dist.HashStore()
-    out: list[float] = [0.0] * n
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
             dist.init_process_group("threaded", rank=r, world_size=n, store=store)
-            t = torch.ones(8)
-            for _ in range(10):
-                dist.all_reduce(t)
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(t)
-            out[r] = (time.perf_counter() - start) / iters
+            rank_body(r)
             dist.destroy_process_group()
         except BaseException as exc:
             errors.append(exc)
@@ -257,10 +249,22 @@ def _threaded_pg_all_reduce(n: int, iters: int) -> float:
         mtpg.ProcessLocalGroup.reset()
     if errors:
         raise errors[0]
+
+
+def _threaded_pg_all_reduce(n: int, iters: int) -> float:
+    """Seconds per small all_reduce on torch's threaded test PG (slowest rank)."""
+    out: list[float] = [0.0] * n
+
+    def body(r: int) -> None:
+        out[r] = _time_small_all_reduce(iters)
+
+    _on_threaded_pg(n, body)
     return max(out)
 
 
-def small_all_reduce_body(ctx: Any, iters: int) -> float:
+def _time_small_all_reduce(iters: int) -> float:
+    """Seconds per all_reduce of 8 floats, after a warm-up and a barrier: the
+    same loop on either backend."""
     import torch
     import torch.distributed as dist
 
@@ -272,6 +276,10 @@ def small_all_reduce_body(ctx: Any, iters: int) -> float:
     for _ in range(iters):
         dist.all_reduce(t)
     return (time.perf_counter() - start) / iters
+
+
+def small_all_reduce_body(ctx: Any, iters: int) -> float:
+    return _time_small_all_reduce(iters)
 
 
 def child_vs_threaded(n: int, iters: int, repeats: int) -> dict[str, Any]:
@@ -295,36 +303,8 @@ def _threaded_pg_world(n: int) -> float:
     """Seconds to start and tear down an empty ``n``-rank world of torch's
     threaded test PG: threads started, ``init_process_group`` and
     ``destroy_process_group`` in each, threads joined."""
-    import torch.distributed as dist
-    from torch._C._distributed_c10d import _set_thread_isolation_mode
-    from torch.testing._internal.distributed import multi_threaded_pg as mtpg
-
     start = time.perf_counter()
-    mtpg._install_threaded_pg()
-    _set_thread_isolation_mode(True)
-    store = dist.HashStore()
-    errors: list[BaseException] = []
-
-    def rank(r: int) -> None:
-        try:
-            dist.init_process_group("threaded", rank=r, world_size=n, store=store)
-            dist.destroy_process_group()
-        except BaseException as exc:
-            errors.append(exc)
-            mtpg.ProcessLocalGroup.exception_handle(exc)
-
-    try:
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        _set_thread_isolation_mode(False)
-        mtpg._uninstall_threaded_pg()
-        mtpg.ProcessLocalGroup.reset()
-    if errors:
-        raise errors[0]
+    _on_threaded_pg(n, lambda r: None)
     return time.perf_counter() - start
 
 
