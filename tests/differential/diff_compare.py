@@ -150,6 +150,11 @@ def _step(
         return [Difference(rank, index, op, "status", _status(g), _status(m))]
     if m["status"] == "error" and (m.get("type") in UNCLEAR or len(m.get("error", "")) < 25):
         return [Difference(rank, index, op, "unclear_error", _status(g), _status(m))]
+    if m["status"] == "error" and g["status"] == "error" and g.get("type") != m.get("type"):
+        # Both refused, for different reasons: not a difference in itself, but
+        # the registry may know gloo's reason, and then what follows is its
+        # consequence (diff_known.new_differences).
+        return [Difference(rank, index, op, "both_refused", _status(g), _status(m))]
     if m["status"] != "ok":
         return []
     # None: bitwise; else the number of contributions whose order may differ.

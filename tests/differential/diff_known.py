@@ -12,7 +12,7 @@ differences (README: "Where simdist differs from gloo and NCCL").
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diff_compare import Difference
@@ -301,11 +301,26 @@ def new_differences(program: Program, found: list[Difference]) -> list[Differenc
     """The differences no registry entry explains. A known difference in whether a
     call was made (one world refused or hung) changes what every later step
     sees, so differences after it are its consequences, not new ones."""
-    cut = min(
-        (d.index for d in found if d.aspect == "status" and explain(program, d) is not None),
-        default=len(program.steps),
-    )
-    return [d for d in found if d.index <= cut and explain(program, d) is None and not _left_waiting(d, cut)]
+    cut = min((d.index for d in found if _known_divergence(program, d)), default=len(program.steps))
+    return [
+        d
+        for d in found
+        if d.aspect != "both_refused"
+        and d.index <= cut
+        and explain(program, d) is None
+        and not _left_waiting(d, cut)
+    ]
+
+
+def _known_divergence(program: Program, d: Difference) -> bool:
+    """A known difference in whether a call was made; or both worlds refused
+    it, gloo for a reason the registry knows (had simdist made the call, that
+    would be a known difference): from there on the worlds differ as known."""
+    if d.aspect == "status":
+        return explain(program, d) is not None
+    if d.aspect == "both_refused":
+        return explain(program, replace(d, aspect="status", simdist="ok")) is not None
+    return False
 
 
 def _left_waiting(d: Difference, cut: int) -> bool:
