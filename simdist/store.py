@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ._core import identity
 from ._core.records import Waitable
 from ._core.scheduler import Scheduler
+from ._isolation import patches
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -179,12 +180,14 @@ class RankStore(dist.Store):
 # c10d wraps the world's store in C++ PrefixStores (the default store, each
 # group's and device's prefix). C++ reaches a Python store through a trampoline
 # that forwards get/set/wait/... but not getNumKeys/deleteKey: they raised
-# "Tried to call pure virtual function". PrefixStore's two Python methods are
-# therefore routed here when the store under the prefixes is a RankStore
-# (other stores keep torch's own methods).
+# "Tried to call pure virtual function". While runs are in progress
+# PrefixStore's two Python methods are therefore routed here when the store
+# under the prefixes is a RankStore (other stores keep torch's own methods);
+# the patch is the registry's "prefix store" (``_isolation.patches``).
 
-_torch_num_keys = dist.PrefixStore.num_keys
-_torch_delete_key = dist.PrefixStore.delete_key
+_torch_methods: dict[str, Any] = {}  # what PrefixStore's methods resolve to without the patch
+_own: dict[str, Any] = {}  # what PrefixStore's own __dict__ held (nothing: they are Store's)
+_MISSING = object()
 
 
 def _rank_store_under(store: Any) -> RankStore | None:
@@ -195,17 +198,36 @@ def _rank_store_under(store: Any) -> RankStore | None:
 def _prefix_num_keys(self: dist.PrefixStore) -> int:
     inner = _rank_store_under(self)
     if inner is None:
-        return _torch_num_keys(self)
+        return _torch_methods["num_keys"](self)
     return inner.num_keys()  # as HashStore under prefixes: every key of the store
 
 
 def _prefix_delete_key(self: dist.PrefixStore, key: str) -> bool:
     inner = _rank_store_under(self)
     if inner is None:
-        return _torch_delete_key(self, key)
+        return _torch_methods["delete_key"](self, key)
     return inner.delete_through(self, key)
 
 
-# Patching a pybind class: its stubs type these methods on Store, not PrefixStore.
-dist.PrefixStore.num_keys = _prefix_num_keys  # type: ignore[method-assign,assignment]  # stubs type it on Store
-dist.PrefixStore.delete_key = _prefix_delete_key  # type: ignore[method-assign,assignment]  # stubs type it on Store
+_OURS = {"num_keys": _prefix_num_keys, "delete_key": _prefix_delete_key}
+
+
+def _install() -> None:
+    for name, ours in _OURS.items():
+        _own[name] = vars(dist.PrefixStore).get(name, _MISSING)
+        _torch_methods[name] = getattr(dist.PrefixStore, name)
+        setattr(dist.PrefixStore, name, ours)
+
+
+def _uninstall() -> None:
+    for name, own in _own.items():
+        if own is _MISSING:
+            delattr(dist.PrefixStore, name)  # inherited from Store again
+        else:
+            setattr(dist.PrefixStore, name, own)
+    _own.clear()  # (_torch_methods kept: a call that found our method just before still uses it)
+
+
+patches.register(
+    "prefix store", _install, _uninstall, [(dist.PrefixStore, "num_keys"), (dist.PrefixStore, "delete_key")]
+)

@@ -180,7 +180,8 @@ def _unroute_if_idle_locked() -> None:
         return
     for name, original in _patched.items():
         setattr(c10d, name, original)
-    _patched.clear()
+    # _patched is kept: a module that imported a wrapper by name while routing
+    # was on (``from ...distributed_c10d import _register_process_group``) still calls it.
     c10d._world = _saved.pop("world")
 
 
@@ -212,7 +213,14 @@ def uninstall() -> None:
         _unroute_if_idle_locked()
 
 
-patches.register("c10d routing", install, uninstall)
+patches.register(
+    "c10d routing",
+    install,
+    uninstall,
+    # the router, the registry wrappers, and what ranks' init_process_group sets
+    [(c10d, "_world"), *((c10d, name) for name in _WRAPPERS)]
+    + [(c10d, "_backend"), (c10d, "_default_pg_init_method"), (sys, "excepthook")],
+)
 
 
 def new_rank_state(run_id: int, rank: int) -> RankWorldState:

@@ -239,10 +239,23 @@ def uninstall() -> None:
     concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
     concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
     concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    _originals.clear()
+    # _originals is kept: a thread of the process that found a patched method
+    # just before this (a start, a join) still calls through it.
 
 
-patches.register("helper threads", install, uninstall)
+patches.register(
+    "helper threads",
+    install,
+    uninstall,
+    [
+        (threading.Thread, "start"),
+        (threading.Thread, "join"),
+        (concurrent.futures.Future, "result"),
+        (concurrent.futures.Future, "exception"),
+        (concurrent.futures.ThreadPoolExecutor, "submit"),
+        (concurrent.futures.ThreadPoolExecutor, "__init__"),
+    ],
+)
 
 
 def helper_ids(helpers: list[HelperSlot]) -> list[int]:

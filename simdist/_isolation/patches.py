@@ -8,16 +8,23 @@ While runs are in progress simdist changes things a process has once:
 2. ``c10d routing``: ``distributed_c10d._world`` routed per rank thread and
    c10d's group registry scoped per rank (``c10d_state``); it stays until the
    last rank thread has left, even after the last run returned.
-3. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
+3. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
+   world's Python store through c10d's C++ prefixes (``simdist.store``).
+4. ``debugger``: ``pdb.Pdb.interaction``, so that every Pdb stopping in a rank
+   thread names the rank and pauses its world (``debug._pdb``).
+5. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
    ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
    that make threads a rank starts the rank's (``helpers``).
 
 ``ORDER`` is the one list (each module registers its patch under its name,
-so this module imports none of them): each patch is installed by the first run that
-needs it, in this order, and removed by the last, in the reverse order; a run
-holds a ``Lease`` on the patches it needs. A lease whose set-up fails removes
-what it had installed before raising, and releasing a lease twice does
-nothing, so a run that fails anywhere leaves the process as it was.
+with the attributes it replaces, so this module imports none of them): each
+patch is installed by the first run that needs it, in this order, and removed
+by the last, in the reverse order; a run holds a ``Lease`` on the patches it
+needs. A lease whose set-up fails removes what it had installed before
+raising, and releasing a lease twice does nothing, so a run that fails
+anywhere leaves the process as it was. Outside runs every attribute a patch
+names holds the process's own value again (``current_values``: what tests
+compare before and after runs).
 
 (The process hold of ``hold`` is not a patch: it is a record, never a lock
 held across calls, so there is nothing to install or leave behind.)
@@ -30,28 +37,42 @@ from collections.abc import Callable, Sequence
 
 
 class Patch:
-    """One process-wide change: how to make it and undo it, and how many use it."""
+    """One process-wide change: how to make it and undo it, what it replaces, and how many use it."""
 
-    __slots__ = ("install", "name", "uninstall", "users")
+    __slots__ = ("changes", "install", "name", "uninstall", "users")
 
-    def __init__(self, name: str, install: Callable[[], None], uninstall: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        install: Callable[[], None],
+        uninstall: Callable[[], None],
+        changes: Sequence[tuple[object, str]],
+    ) -> None:
         self.name = name
         self.install = install
         self.uninstall = uninstall
+        self.changes = tuple(changes)
         self.users = 0
 
 
 # Installed in this order, removed in the reverse one.
-ORDER = ("import hook", "c10d routing", "helper threads")
-RUN_PATCHES = ("c10d routing", "helper threads")  # what every run needs
+ORDER = ("import hook", "c10d routing", "prefix store", "debugger", "helper threads")
+RUN_PATCHES = ORDER[1:]  # what every run needs (the import hook: only runs that may import Megatron)
 _BY_NAME: dict[str, Patch] = {}
 
 
-def register(name: str, install: Callable[[], None], uninstall: Callable[[], None]) -> None:
-    """Called once by the module that owns the patch (at its import)."""
+def register(
+    name: str,
+    install: Callable[[], None],
+    uninstall: Callable[[], None],
+    changes: Sequence[tuple[object, str]],
+) -> None:
+    """Called once by the module that owns the patch (at its import).
+    ``changes`` lists the ``(object, attribute)`` places the patch rebinds
+    (or whose contents it changes, for a list such as ``sys.meta_path``)."""
     if name not in ORDER:
         raise ValueError(f"simdist patch {name!r} is not in patches.ORDER {ORDER}")
-    _BY_NAME[name] = Patch(name, install, uninstall)
+    _BY_NAME[name] = Patch(name, install, uninstall, changes)
 
 
 _lock = threading.RLock()  # (a patch's own install may take a lease: re-entrant)
@@ -79,7 +100,7 @@ class Lease:
 
 
 def lease(names: Sequence[str] = RUN_PATCHES) -> Lease:
-    """Install (or count another user of) the named patches, in ``PATCHES`` order."""
+    """Install (or count another user of) the named patches, in ``ORDER``."""
     unknown = [n for n in names if n not in _BY_NAME]
     if unknown:
         raise ValueError(f"unknown simdist patch(es) {unknown}; registered: {list(_BY_NAME)}")
@@ -102,3 +123,24 @@ def installed() -> list[str]:
     """The patches in place now (for tests and diagnostics)."""
     with _lock:
         return [n for n in ORDER if n in _BY_NAME and _BY_NAME[n].users]
+
+
+_ABSENT = "<absent>"
+
+
+def places() -> list[tuple[str, object, str]]:
+    """``(patch, object, attribute)`` for every place a registered patch changes, in ``ORDER``."""
+    with _lock:
+        return [(n, owner, attr) for n in ORDER if n in _BY_NAME for owner, attr in _BY_NAME[n].changes]
+
+
+def current_values() -> dict[str, object]:
+    """What each of those places holds now, keyed ``"patch: Owner.attribute"``:
+    read from the object's own ``__dict__`` (what a patch rebinds, not what
+    a class inherits), a list by its items (``sys.meta_path``)."""
+    out: dict[str, object] = {}
+    for name, owner, attribute in places():
+        value = vars(owner).get(attribute, _ABSENT)
+        label = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
+        out[f"{name}: {label}.{attribute}"] = tuple(value) if isinstance(value, list) else value
+    return out

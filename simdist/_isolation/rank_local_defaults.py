@@ -155,7 +155,7 @@ def remove_import_hook() -> None:
         sys.meta_path.remove(_fresh_globals)
 
 
-patches.register("import hook", install_import_hook, remove_import_hook)
+patches.register("import hook", install_import_hook, remove_import_hook, [(sys, "meta_path")])
 
 
 def _watch_imports() -> Any:

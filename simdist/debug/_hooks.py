@@ -30,7 +30,6 @@ def keep_trace(settings: Settings) -> bool:
 
 
 def attach(world: Any, settings: Settings, fn: Callable[..., Any]) -> DebugSession:
-    _pdb.install()
     _install_signal_handler()
     session = DebugSession(world, settings)
     world.debug = session

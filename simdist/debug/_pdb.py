@@ -13,11 +13,11 @@ import bdb
 import contextlib
 import pdb
 import sys
-import threading
 import types
 from types import FrameType, TracebackType
 from typing import Any
 
+from .._isolation import patches
 from . import _engine, _report
 from ._session import DebugSession, around, session_of_thread
 
@@ -190,9 +190,7 @@ class RankPdb(_Commands, pdb.Pdb):
 
 # -- every Pdb that stops in a rank ---------------------------------------
 
-_original_interaction = pdb.Pdb.interaction
-_installed = False
-_install_lock = threading.Lock()
+_original: dict[str, Any] = {}  # pdb.Pdb.interaction without the patch
 
 
 def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | None) -> Any:
@@ -203,7 +201,7 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
     if session is None:
         session, rank = session_of_thread()
         if session is None or rank < 0 or session.ended:
-            return _original_interaction(self, frame, tb)
+            return _original["interaction"](self, frame, tb)
         adopted, owner = True, rank
         _adopt(self, session, rank)
         self.message(f"simdist: {session.prompt_for(rank).strip('() ')} stopped here.\n{BANNER}")
@@ -218,7 +216,7 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
             if ours and banner is not None:
                 self.message(banner)
                 self.banner = None  # type: ignore[attr-defined]  # a Pdb subclass's banner (pdb++ and friends), cleared once shown
-            return _original_interaction(self, frame, tb)
+            return _original["interaction"](self, frame, tb)
     finally:
         self.prompt = prompt
         if adopted:
@@ -245,16 +243,20 @@ def _unadopt(p: pdb.Pdb) -> None:
         p.__dict__.pop(name, None)
 
 
-def install() -> None:
-    """Make every Pdb that stops in a rank thread rank-aware (idempotent).
+def _install() -> None:
+    """Make every Pdb that stops in a rank thread rank-aware, while runs are in
+    progress: outside rank threads the replacement calls the original and
+    changes nothing."""
+    _original["interaction"] = pdb.Pdb.interaction
+    pdb.Pdb.interaction = _interaction  # type: ignore[method-assign,assignment]  # the registry's "debugger" patch
 
-    A class attribute of ``pdb.Pdb`` is replaced, once, process-wide: outside
-    rank threads the replacement calls the original and changes nothing."""
-    global _installed
-    with _install_lock:
-        if not _installed:
-            pdb.Pdb.interaction = _interaction  # type: ignore[method-assign,assignment]  # the process-wide hook, installed once
-            _installed = True
+
+def _uninstall() -> None:
+    # (kept in _original: a prompt opened just before still calls it)
+    pdb.Pdb.interaction = _original["interaction"]  # type: ignore[method-assign]  # pdb's own, put back
+
+
+patches.register("debugger", _install, _uninstall, [(pdb.Pdb, "interaction")])
 
 
 # -- simdist's own stops ---------------------------------------------------
