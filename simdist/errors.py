@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
 
 
 class SimulationError(Exception):
@@ -56,3 +59,25 @@ class SimulationTimeout(SimulationError):
 
 class UnsupportedOperationError(SimulationError, NotImplementedError):
     """A collective, option or dtype simdist does not model."""
+
+
+# -- errors delivered because of another rank ------------------------------------
+#
+# A rank woken out of a wait because a peer failed (released by the deadlock
+# check, a communicator aborted elsewhere) gets an ordinary exception, marked
+# with the rank whose failure it is: the outcome counts it as a consequence,
+# not as a failure of its own, however the body wraps it.
+
+_ORIGIN = "simdist_origin"
+
+
+def mark_consequence(error: _E, origin: int) -> _E:
+    """``error`` marked as a consequence of rank ``origin``'s failure; returns it."""
+    setattr(error, _ORIGIN, origin)
+    return error
+
+
+def consequence_mark(error: BaseException) -> int | None:
+    """The rank ``error`` was marked a consequence of (``mark_consequence``), or None."""
+    origin = getattr(error, _ORIGIN, None)
+    return origin if isinstance(origin, int) else None

@@ -14,7 +14,7 @@ from typing import Any
 from .._core.records import Call, GroupInfo, P2POp
 from .._core.scheduler import Scheduler
 from ..debug import _hooks as debug_hooks
-from ..errors import CollectiveMismatchError, SimulationError
+from ..errors import CollectiveMismatchError, SimulationError, mark_consequence
 from ..faults import BackendError, Fault, FaultState, InjectedFault
 from ..trace import Recorder, tensors_of
 from .faulting import corrupt_contribution
@@ -108,8 +108,7 @@ class CallHooks:
                 f"and later call on it fails until the world is rebuilt"
             )
             # Members other than this rank fail because of it: a consequence.
-            error.simdist_origin = rank  # type: ignore[attr-defined]  # simdist's mark on a plain exception
-            self.scheduler.fail_group(group.name, error)
+            self.scheduler.fail_group(group.name, mark_consequence(error, rank))
             raise BackendError(*error.args)
 
     def _raise_if_group_aborted(self, group: GroupInfo) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import DeadlockError, PeerFailedError
+from ..errors import DeadlockError, PeerFailedError, mark_consequence
 from .matching import CollectiveTable, P2PTable
 from .records import RankState, ThreadExit, Waitable, copy_error
 from .report import world_report_locked
@@ -178,8 +178,7 @@ class Detector:
                 f"{ranks[r].waiting_on.describe()}, which needs rank {root} "  # type: ignore[union-attr]  # a released rank is waiting
                 f"({self._describe_rank(root)}), {why[r]}"
             )
-            released.simdist_origin = root  # type: ignore[attr-defined]  # simdist's mark on a plain exception
-            self._turns.interrupt_rank_locked(r, released)
+            self._turns.interrupt_rank_locked(r, mark_consequence(released, root))
 
     def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
         """For each stuck rank, the failed rank it waits on (transitively), if any."""
@@ -229,13 +228,12 @@ class Detector:
         if failed:
             root = ranks[failed[0]].root_failure
             root = failed[0] if root is None else root
-            error: BaseException = PeerFailedError(
+            error = PeerFailedError(
                 f"released: rank {r} ({self._describe_rank(r)}), {who}, waits in "
                 f"{waitable.describe()}, which needs rank {root} "
                 f"({self._describe_rank(root)}), which failed with {ranks[root].failure}"
             )
-            error.simdist_origin = root  # type: ignore[attr-defined]  # simdist's mark on a plain exception
-            return error
+            return mark_consequence(error, root)
         deadlock = DeadlockError(
             self.report_locked(
                 f"deadlock: rank {r}, {who}, waits in {waitable.describe()}, which needs "

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SimulationError
+from ..errors import SimulationError, consequence_mark
 
 
 class RankState(enum.Enum):
@@ -164,7 +164,7 @@ def consequence_origin(exc: BaseException, rank: int) -> int | None:
 
     simdist marks the errors it delivers because of another rank
     (``PeerFailedError``, a communicator aborted elsewhere) with
-    ``simdist_origin``; a body may wrap them (``raise X from err``) or raise
+    ``errors.mark_consequence``; a body may wrap them (``raise X from err``) or raise
     while handling them, so the whole cause/context chain is searched.
     """
     seen: set[int] = set()
@@ -174,7 +174,7 @@ def consequence_origin(exc: BaseException, rank: int) -> int | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        origin = getattr(e, "simdist_origin", None)
+        origin = consequence_mark(e)
         if origin is not None and origin != rank:
             return origin
         todo += [e.__cause__, e.__context__]
