@@ -42,7 +42,18 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Identity", "bind", "forget_pooled", "interrupt", "leave", "mark_pooled", "me", "shield", "unbind"]
+__all__ = [
+    "Identity",
+    "bind",
+    "forget_pooled",
+    "interrupt",
+    "leave",
+    "mark_pooled",
+    "me",
+    "reset_stop_flag",
+    "shield",
+    "unbind",
+]
 
 
 class _Gate:
@@ -179,6 +190,25 @@ def _withdraw() -> None:
     except _Withdrawn:
         return
     _set_async(threading.get_ident(), None)  # never delivered (not seen so far): cleared as before
+
+
+def reset_stop_flag() -> None:
+    """Reset CPython 3.11's interpreter-wide "asynchronous exception pending"
+    flag, keeping every stop that is still on its way.
+
+    A stop sent to a thread blocked in native code for good (a helper simdist
+    gave up on), or to one that exits before it lands, keeps that flag set
+    for as long as the thread does not handle it. Until then any thread with
+    a trace function (``sys.settrace``, coverage, pdb) loops for ever at its
+    next function entry: the eval loop's tracing path checks the flag there
+    again before each step and never moves on. A stop this thread raises and
+    catches itself resets the flag (as ``_withdraw`` does); a stop pending in
+    another thread sets it again when that thread takes the GIL back, so it
+    still lands. Call it from a thread no stop can be on its way to (the
+    caller of a run; a thread whose gate is shut): any stop sent to this
+    thread before the call has landed by then, since sending one takes the
+    GIL and this thread checks for a stop each time it takes the GIL back."""
+    _withdraw()
 
 
 def _shut(gate: _Gate) -> None:

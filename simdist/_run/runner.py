@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .._backend.registration import register_backend
+from .._core import identity
 from .._core.pool import PooledStart
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
@@ -215,6 +216,9 @@ def _tear_down(
             restore_error = exc
     resume_process(suspended)
     lease.release()
+    if identity.me.gate is None:  # (a nested run's caller is a rank: its own run's end does it)
+        # A stop left pending in a thread simdist gave up on must not stall traced threads.
+        identity.reset_stop_flag()
     # A group object can outlive its run (returned from the body, kept in a
     # global): calls on it must fail at once, not wait for ranks that are gone.
     world.scheduler.close(

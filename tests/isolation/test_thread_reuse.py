@@ -125,14 +125,6 @@ def test_a_default_dtype_a_rank_changed_is_what_a_new_thread_sees() -> None:
         torch.set_default_dtype(torch.float32)
 
 
-@pytest.mark.xfail(
-    raises=simdist.SimulationTimeout,
-    strict=False,
-    reason="a hang found by this test and not caused by thread reuse (also on 28104bf, and with "
-    "SIMDIST_REUSE_THREADS=0): run after the other tests/isolation modules in one process "
-    "(pytest -x tests/isolation), the rank that called sys.settrace stops at the entry of "
-    "end_helpers and never returns; alone it passes. Cause not found yet.",
-)
 def test_a_trace_function_a_rank_left_set_is_not_inherited() -> None:
     def leave() -> None:
         sys.settrace(lambda *a: None)
