@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
+from simdist.debug import _options as debug_options
 
 # Nothing here imports tests/support: `simdist replay` and campaign workers import
 # this file outside pytest's configuration, where that folder is not on the path.
@@ -35,3 +36,22 @@ def clean_world() -> Iterator[None]:
     assert left == [], f"threads left running after the run: {left}"
     assert not dist.is_initialized()
     assert simdist.run(sum_ranks, world_size=3, timeout=30.0) == [3.0, 3.0, 3.0]
+
+
+@pytest.fixture(autouse=True)
+def _debug_defaults_left_as_found() -> Iterator[None]:
+    """A test that leaves simdist.debug's defaults changed (trace-on-failure
+    switched on through the environment, a ``debug.defaults()`` block never
+    closed) makes every later failing run write a trace: it fails here, and
+    the defaults are put back for the tests after it."""
+    before = debug_options.state()
+    yield
+    after = debug_options.state()
+    if after != before:
+        debug_options.restore_state(before)
+        pytest.fail(
+            f"the test left simdist.debug's defaults changed: {debug_options.TRACE_ENV}="
+            f"{after[0]!r} (was {before[0]!r}), {len(after[1])} open defaults() block(s) "
+            f"(was {len(before[1])})",
+            pytrace=False,
+        )

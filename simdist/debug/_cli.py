@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from ._options import TRACE_ENV, BreakAt, defaults, parse_break_at
@@ -58,9 +59,23 @@ def add_fuzz_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def apply_fuzz(args: argparse.Namespace) -> None:
-    """Workers inherit the environment: each writes its failing runs' traces."""
+@contextlib.contextmanager
+def fuzz_scope(args: argparse.Namespace) -> Iterator[None]:
+    """Within the block the campaign's workers inherit the environment: each
+    writes its failing runs' traces. The environment is put back afterwards
+    (a campaign started in-process must not leave trace-on-failure on for the
+    runs after it)."""
     folder = getattr(args, "trace_failures", None)
-    if folder is not None:
-        os.makedirs(folder, exist_ok=True)
-        os.environ[TRACE_ENV] = os.path.abspath(folder)
+    if folder is None:
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    previous = os.environ.get(TRACE_ENV)
+    os.environ[TRACE_ENV] = os.path.abspath(folder)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(TRACE_ENV, None)
+        else:
+            os.environ[TRACE_ENV] = previous

@@ -192,7 +192,30 @@ def defaults(**changes: Any) -> Iterator[Settings]:
         yield settings
     finally:
         with _lock:
-            _stack.remove(settings)
+            # This block's own entry (not an equal one), if a test suite's
+            # guard has not taken it out already (``restore_state``).
+            mine = [i for i, s in enumerate(_stack) if s is settings]
+            if mine:
+                del _stack[mine[-1]]
+
+
+def state() -> tuple[str | None, tuple[Settings, ...]]:
+    """What decides the debugging defaults of a run started now: the
+    environment's failure-trace folder and the open ``defaults()`` blocks
+    (test suites compare it before and after each test)."""
+    with _lock:
+        return os.environ.get(TRACE_ENV), tuple(_stack)
+
+
+def restore_state(saved: tuple[str | None, tuple[Settings, ...]]) -> None:
+    """Put back what ``state()`` returned (a test that leaked a change)."""
+    env, stack = saved
+    with _lock:
+        if env is None:
+            os.environ.pop(TRACE_ENV, None)
+        else:
+            os.environ[TRACE_ENV] = env
+        _stack[:] = stack
 
 
 def check_debug_options(post_mortem: Any, break_at: Any, world_size: int) -> None:

@@ -136,7 +136,11 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def fuzz_command(args: argparse.Namespace) -> int:
-    debug_cli.apply_fuzz(args)  # debug hook: --trace-failures
+    with debug_cli.fuzz_scope(args):  # debug hook: --trace-failures, for the campaign's workers
+        return _campaign(args)
+
+
+def _campaign(args: argparse.Namespace) -> int:
     try:
         targets = list(args.targets) or default_targets()
         cfg = CampaignConfig(

@@ -464,8 +464,13 @@ def test_fuzz_accepts_trace_failures_and_exports_it(tmp_path, monkeypatch):
     _cli.add_fuzz_arguments(parser)
     monkeypatch.delenv("SIMDIST_TRACE_ON_FAILURE", raising=False)
     args = parser.parse_args(["--trace-failures", str(tmp_path / "ft")])
-    _cli.apply_fuzz(args)
-    assert os.environ["SIMDIST_TRACE_ON_FAILURE"] == str(tmp_path / "ft")
+    with _cli.fuzz_scope(args):
+        assert os.environ["SIMDIST_TRACE_ON_FAILURE"] == str(tmp_path / "ft")
+    assert "SIMDIST_TRACE_ON_FAILURE" not in os.environ  # the campaign's only: put back after it
+    monkeypatch.setenv("SIMDIST_TRACE_ON_FAILURE", str(tmp_path / "mine"))
+    with _cli.fuzz_scope(args):
+        assert os.environ["SIMDIST_TRACE_ON_FAILURE"] == str(tmp_path / "ft")
+    assert os.environ["SIMDIST_TRACE_ON_FAILURE"] == str(tmp_path / "mine")
     assert parser.parse_args(["--trace-failures"]).trace_failures == _cli.DEFAULT_FUZZ_TRACES
 
 
