@@ -26,8 +26,13 @@ anywhere leaves the process as it was. Outside runs every attribute a patch
 names holds the process's own value again (``current_values``: what tests
 compare before and after runs).
 
-(The process hold of ``hold`` is not a patch: it is a record, never a lock
-held across calls, so there is nothing to install or leave behind.)
+Not patches, so not here: the process hold of ``hold`` (a record, never a
+lock held across calls: nothing to install or leave behind); per-run state
+swapped at token switches and given back to the caller by ``rank_state``
+(``rank_local=`` entries, DTensor's and Megatron's globals); and the SIGUSR1
+stack dump (``debug._dump``), a signal handler set once and only where the
+process has none, kept on purpose so that a hung process can be asked for
+its stacks at any time.
 """
 
 from __future__ import annotations
