@@ -289,23 +289,26 @@ class FaultState:
         self.fired: list[str] = []
         # (op, group label) of every call checked, for the never-fired report.
         self._calls: dict[tuple[str, str], int] = {}
+        # A rank's helper threads (pool workers) call alongside its main thread
+        # and alongside other ranks (concurrent mode): each count is read and
+        # written under this lock, or a lost count moves or skips the nth call.
+        self._lock = threading.Lock()
 
     def due(self, rank: int, op: str, group: Any, seq: int) -> list[Fault]:
         key = (op, getattr(group, "label", "?"))
-        self._calls[key] = (
-            self._calls.get(key, 0) + 1
-        )  # a lost count under "concurrent" only blurs the report
         hits = []
-        for i, f in enumerate(self.plan.faults):
-            if not (f.picks_rank(rank, self.layout) and f.picks_call(op, group, seq)):
-                continue
-            if f.seq is not None:
-                hits.append(f)
-                continue
-            n = self._counts.get((i, rank), 0) + 1  # only this rank's thread writes this key
-            self._counts[(i, rank)] = n
-            if n == f.nth:
-                hits.append(f)
+        with self._lock:
+            self._calls[key] = self._calls.get(key, 0) + 1
+            for i, f in enumerate(self.plan.faults):
+                if not (f.picks_rank(rank, self.layout) and f.picks_call(op, group, seq)):
+                    continue
+                if f.seq is not None:
+                    hits.append(f)
+                    continue
+                n = self._counts.get((i, rank), 0) + 1
+                self._counts[(i, rank)] = n
+                if n == f.nth:
+                    hits.append(f)
         for f in hits:
             self.fired.append(f"rank {rank}: {f.describe()} -> {op} on {group.describe()} seq {seq}")
         return hits
