@@ -6,96 +6,41 @@ with SIMDIST_MUTANT set, and prints the time to the first failing case, the
 time until the shrunk case was reported, and the case. A differential
 campaign that cannot find these bugs proves nothing when it finds none.
 
-    python benchmarks/simdist_mutants.py                      # every mutant, 300 s each
-    python benchmarks/simdist_mutants.py --mutants max_as_min --budget 60
+    python benchmarks/diff_mutants.py                      # every mutant, 300 s each
+    python benchmarks/diff_mutants.py --mutants max_as_min --budget 60
 
 Prints; asserts nothing. Exit status 1 if any mutant survived the budget.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ROOT, campaign, load_catalogue, mutants_parser, row
+
 TARGET = "tests/differential"
 
 
 def catalogue() -> tuple[list[str], dict[str, str]]:
-    sys.path[:0] = [str(ROOT / TARGET)]
-    spec = importlib.util.spec_from_file_location(
-        "simdist_mutants_catalogue", ROOT / TARGET / "simdist_mutants.py"
+    module = load_catalogue(
+        ROOT / TARGET / "simdist_mutants.py", "simdist_mutants_catalogue", [ROOT / TARGET]
     )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     return sorted(module.MUTANTS), dict(module.FAMILIES)
 
 
 def hunt(mutant: str, budget: float, seed: int, workers: int, grace: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "simdist.cli",
-                "fuzz",
-                TARGET,
-                "--budget",
-                str(budget),
-                "--seed",
-                str(seed),
-                "--workers",
-                str(workers),
-                "-x",
-                "--database",
-                str(Path(tmp) / "db"),
-                "--corpus",
-                str(Path(tmp) / "corpus"),
-                "--report",
-                str(report),
-                "--tag",
-                f"mutant={mutant}",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "SIMDIST_MUTANT": mutant},
-        )
-        wall = time.perf_counter() - start
-        data = json.loads(report.read_text()) if report.exists() else {}
-    failures = data.get("failures", [])
-    first = failures[0] if failures else {}
-    return {
-        "mutant": mutant,
-        "exit": proc.returncode,
-        "wall_s": wall,
-        "cases": data.get("cases", 0),
-        "detected": proc.returncode == 1 and bool(failures),
-        "first_failing_s": first.get("first_failing_case_after_s"),
-        "reported_s": first.get("found_after_s"),
-        "case": first.get("case"),
-        "error": (first.get("error") or "")[:300],
-        "stderr_tail": proc.stderr[-1500:] if proc.returncode not in (0, 1) else "",
-    }
+    proc, wall, data = campaign(
+        mutant, "SIMDIST_MUTANT", budget=budget, seed=seed, workers=workers, target=TARGET
+    )
+    out, first = row(mutant, proc, wall, data)
+    out["error"] = (first.get("error") or "")[:300]
+    return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--mutants", default=None, help="comma-separated names (default: the whole catalogue)"
-    )
+    parser = mutants_parser(__doc__)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per campaign")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--workers", type=int, default=1)

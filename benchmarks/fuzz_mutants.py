@@ -21,27 +21,18 @@ Prints; asserts nothing. Exit status 1 if any mutant survived the budget.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ROOT, campaign, load_catalogue, mutants_parser, row
 
 
 def catalogue() -> list[str]:
-    sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT / "tests" / "fuzz")]
-    spec = importlib.util.spec_from_file_location(
-        "fuzz_mutants_catalogue", ROOT / "tests" / "fuzz" / "mutants.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    fuzz = ROOT / "tests" / "fuzz"
+    module = load_catalogue(fuzz / "mutants.py", "fuzz_mutants_catalogue", [ROOT / "tests" / "support", fuzz])
     return sorted(module.MUTANTS)
 
 
@@ -57,68 +48,29 @@ def _first_case_s(run_dir: Path) -> float | None:
 
 
 def hunt(mutant: str, budget: float, seed: int, corpus: Path, workers: int, tree: Path = ROOT) -> dict:
-    env = {**os.environ, "DRAFT_LOSS_MUTANT": mutant}
+    env = None
     if tree != ROOT:
-        env["PYTHONPATH"] = str(tree)
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "simdist.cli",
-                "fuzz",
-                "--budget",
-                str(budget),
-                "--seed",
-                str(seed),
-                "--workers",
-                str(workers),
-                "-x",
-                "--database",
-                str(Path(tmp) / "db"),
-                "--corpus",
-                str(corpus),
-                "--report",
-                str(report),
-                "--tag",
-                f"mutant={mutant}",
-            ],
-            cwd=tree,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        wall = time.perf_counter() - start
-        data = json.loads(report.read_text()) if report.exists() else {}
-    first_case = _first_case_s(tree / data["run_dir"]) if data.get("run_dir") else None
-    failures = data.get("failures", [])
-    first = failures[0] if failures else {}
-    return {
-        "mutant": mutant,
-        "exit": proc.returncode,
-        "wall_s": wall,
-        "cases": data.get("cases", 0),
-        "first_case_s": first_case,
-        "detected": proc.returncode == 1 and bool(failures),
-        "first_failing_s": first.get("first_failing_case_after_s"),
-        "reported_s": first.get("found_after_s"),
-        "property": (first.get("property") or "").rsplit("::", 1)[-1],
-        "case": first.get("case"),
-        "file": first.get("file"),
-        "error": (first.get("error_type") or "") + ": " + (first.get("error") or "")[:160],
-        "stderr_tail": proc.stderr[-1500:] if proc.returncode not in (0, 1) else "",
-    }
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc, wall, data = campaign(
+        mutant,
+        "DRAFT_LOSS_MUTANT",
+        budget=budget,
+        seed=seed,
+        workers=workers,
+        corpus=corpus,
+        tree=tree,
+        env=env,
+    )
+    out, first = row(mutant, proc, wall, data)
+    out["first_case_s"] = _first_case_s(tree / data["run_dir"]) if data.get("run_dir") else None
+    out["property"] = (first.get("property") or "").rsplit("::", 1)[-1]
+    out["file"] = first.get("file")
+    out["error"] = (first.get("error_type") or "") + ": " + (first.get("error") or "")[:160]
+    return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--mutants", default=None, help="comma-separated names (default: the whole catalogue)"
-    )
+    parser = mutants_parser(__doc__)
     parser.add_argument(
         "--budget", type=float, default=60.0, help="seconds per campaign (the default campaign's budget)"
     )

@@ -11,22 +11,22 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 
 _HERE = Path(__file__).resolve().parent
 # A campaign target is also imported outside the suite's pytest configuration
-# (`simdist replay`, campaign workers), so it puts its own folder on the path.
-for _folder in (_HERE,):
+# (`simdist replay`, campaign workers), so it puts its own imports on the path.
+for _folder in (_HERE, _HERE.parent / "support"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
+import folder_profiles  # noqa: E402
 import simdist_mutants  # noqa: E402
 
 FALLBACK_PROFILE = "simdist-diff-regular"
@@ -40,37 +40,12 @@ PROFILES: dict[str, dict[str, Any]] = {
     FALLBACK_PROFILE: {"max_examples": 8, "derandomize": True, "print_blob": True},
     "simdist-diff-nightly": {"max_examples": 60, "print_blob": True},
 }
-for _name, _options in PROFILES.items():
-    settings.register_profile(_name, **_RELAXED, **_options)
+folder_profiles.register(PROFILES, _RELAXED)
 
 _undo_mutant = simdist_mutants.apply_from_environment()
 
-SUITE_PROFILES = {
-    "default": FALLBACK_PROFILE,
-    "dev": FALLBACK_PROFILE,
-    "ci": FALLBACK_PROFILE,
-    "nightly": "simdist-diff-nightly",
-}
-
-
-def _profile_for_this_folder() -> str | None:
-    if os.environ.get("SIMDIST_FUZZ_WORKER") == "1":
-        return None
-    return SUITE_PROFILES.get(settings.get_current_profile_name())
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
-    profile = _profile_for_this_folder() if isinstance(collector, pytest.Module) else None
-    if profile is None:
-        yield
-        return
-    previous = settings.get_current_profile_name()
-    settings.load_profile(profile)
-    try:
-        yield
-    finally:
-        settings.load_profile(previous)
+SUITE_PROFILES = folder_profiles.suite_profiles(FALLBACK_PROFILE, "simdist-diff-nightly")
+pytest_make_collect_report = folder_profiles.collect_report_hook(SUITE_PROFILES)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -13,13 +13,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 
 _HERE = Path(__file__).resolve().parent
 # This folder is also a campaign target run outside the suite's pytest config
@@ -28,6 +25,7 @@ for _folder in (_HERE, _HERE.parent / "support"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
+import folder_profiles  # noqa: E402
 import mutants  # noqa: E402
 
 FALLBACK_PROFILE = "simdist-fuzz-regular"
@@ -48,40 +46,11 @@ PROFILES = {
     #   DRAFT_LOSS_MUTANT=<name> pytest tests/fuzz --hypothesis-profile=simdist-fuzz-mutants
     "simdist-fuzz-mutants": {"max_examples": 300, "print_blob": True},
 }
-for _name, _options in PROFILES.items():
-    settings.register_profile(_name, **_RELAXED, **_options)
+folder_profiles.register(PROFILES, _RELAXED)
 
 _undo_mutant = mutants.apply_from_environment()
 
-
-# Each case runs whole simulated worlds (a tenth to a third of a second), so the
-# suite-wide profiles' example counts would make these properties dominate the
-# test run: under them this folder's modules get their own, smaller profile.
-SUITE_PROFILES = {
-    "default": FALLBACK_PROFILE,
-    "dev": FALLBACK_PROFILE,
-    "ci": FALLBACK_PROFILE,
-    "nightly": "simdist-fuzz-nightly",
-}
-
-
-def _profile_for_this_folder() -> str | None:
-    if os.environ.get("SIMDIST_FUZZ_WORKER") == "1":
-        return None  # the campaign worker loads its own profile
-    return SUITE_PROFILES.get(settings.get_current_profile_name())
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
-    # A property's settings are fixed when its module is imported (collected):
-    # load the fallback around that, and only for this folder's modules.
-    profile = _profile_for_this_folder() if isinstance(collector, pytest.Module) else None
-    if profile is None:
-        yield
-        return
-    previous = settings.get_current_profile_name()
-    settings.load_profile(profile)
-    try:
-        yield
-    finally:
-        settings.load_profile(previous)
+# Each case runs whole simulated worlds (a tenth to a third of a second): under
+# the suite-wide profiles this folder's modules get their own, smaller one.
+SUITE_PROFILES = folder_profiles.suite_profiles(FALLBACK_PROFILE, "simdist-fuzz-nightly")
+pytest_make_collect_report = folder_profiles.collect_report_hook(SUITE_PROFILES)
