@@ -29,7 +29,7 @@ from .._core import identity
 from .._core.records import ThreadExit
 from .._core.scheduler import Scheduler
 from .._core.slots import HelperSlot
-from . import c10d_state, patches
+from . import c10d_state, logging_locks, patches
 
 _originals: dict[str, Any] = {}
 
@@ -72,7 +72,7 @@ def _start(self: threading.Thread) -> None:
         finally:
             # No stop request (the rank's end, the watchdog) can land in the
             # clean-up once the gate is shut (see ``_core.identity``).
-            identity.leave(lambda: scheduler.remove_helper(rank, helper))
+            identity.leave(lambda: _helper_ended(scheduler, rank, helper))
 
     # The interpreter must never wait for a helper at exit: simdist waits for
     # the rank's non-daemon helpers at the rank's end, and a helper it could
@@ -89,6 +89,11 @@ def _start(self: threading.Thread) -> None:
         raise
     finally:
         self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
+
+
+def _helper_ended(scheduler: Scheduler, rank: int, helper: HelperSlot) -> None:
+    logging_locks.release_if_stopped()  # a stop may have landed just after logging took a lock
+    scheduler.remove_helper(rank, helper)
 
 
 def forget_at_exit(thread_ids: set[int]) -> None:

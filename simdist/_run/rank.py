@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .. import stacks
 from .._backend.process_group import BACKEND_NAME
 from .._core import identity
-from .._isolation import c10d_state, helpers
+from .._isolation import c10d_state, helpers, logging_locks
 from .._isolation.rank_state import release_process
 from ..context import RankContext, build_groups
 from ..debug import _hooks as debug_hooks
@@ -49,7 +49,8 @@ def rank_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], n: int, share: bo
 
 
 def _leave_rank() -> None:
-    """A rank thread's last clean-up: its process hold, then its c10d names."""
+    """A rank thread's last clean-up: logging's locks a stop leaked, its process hold, then its c10d names."""
+    logging_locks.release_if_stopped()
     release_process()
     c10d_state.leave_rank_thread()
 
