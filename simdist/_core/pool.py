@@ -22,9 +22,9 @@ A parked thread is not listed by ``threading.enumerate()`` (it is taken out of
 ``threading._active`` while parked and put back before its next task starts):
 code that checks no thread outlives a run keeps seeing only the threads
 doing work. That registry is CPython's private dict keyed by thread id; on a
-Python without it no thread is parked (see ``_registry``). Parked threads are daemons, at most ``MAX_IDLE`` of them, woken and
-ended at interpreter exit, and forgotten in a forked child (the fork copies
-none of them).
+Python without it no thread is parked (see ``_registry``). Parked threads are
+daemons, at most ``MAX_IDLE`` of them, woken and ended at interpreter exit, and
+forgotten in a forked child (the fork copies none of them).
 """
 
 from __future__ import annotations
