@@ -152,7 +152,7 @@ class _Worker:
         thread = self.thread
         thread.name = seat.name
         # private: what threading.settrace/setprofile give every new thread
-        trace, profile = threading._trace_hook, threading._profile_hook  # type: ignore[attr-defined]
+        trace, profile = threading._trace_hook, threading._profile_hook  # type: ignore[attr-defined]  # private: the hooks threading.settrace/setprofile give new threads
         # What a fresh thread's bootstrap installs.
         if trace is not None:
             sys.settrace(trace)
