@@ -21,9 +21,10 @@ past the watchdog) is not parked but ends, as it always did.
 A parked thread is not listed by ``threading.enumerate()`` (it is taken out of
 ``threading._active`` while parked and put back before its next task starts):
 code that checks no thread outlives a run keeps seeing only the threads
-doing work. Parked threads are daemons, at most ``MAX_IDLE`` of them, woken and
-ended at interpreter exit, and forgotten in a forked child (the fork copies
-none of them).
+doing work. That registry is CPython's private dict keyed by thread id; on a
+Python without it no thread is parked (see ``_registry``). Parked threads are
+daemons, at most ``MAX_IDLE`` of them, woken and ended at interpreter exit, and
+forgotten in a forked child (the fork copies none of them).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class _Worker:
         thread = self.thread
         thread.name = seat.name
         # private: what threading.settrace/setprofile give every new thread
-        trace, profile = threading._trace_hook, threading._profile_hook  # type: ignore[attr-defined]
+        trace, profile = threading._trace_hook, threading._profile_hook  # type: ignore[attr-defined]  # private: the hooks threading.settrace/setprofile give new threads
         # What a fresh thread's bootstrap installs.
         if trace is not None:
             sys.settrace(trace)
@@ -180,7 +181,7 @@ class _Worker:
         with _lock:
             keep = clean and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
             if keep:
-                self._park_locked(ident)
+                keep = self._park_locked(ident)
         if not keep:
             self.ending = True
             seat.released.set()
@@ -199,13 +200,18 @@ class _Worker:
                 if not self.parked:
                     if self.seat is not None:
                         return True
-                    self._park_locked(ident)  # taken by a start that failed before giving it a task
+                    if not self._park_locked(ident):  # taken by a start that failed before giving it a task
+                        self.ending = True
+                        return False
 
-    def _park_locked(self, ident: int) -> None:
-        _hide(ident)
+    def _park_locked(self, ident: int) -> bool:
+        """Park this (the calling) thread; False when it cannot be hidden."""
+        if not _hide(ident):
+            return False
         self.seat = None
         self.parked = True
         _idle.append(self)
+        return True
 
 
 def _thread_state(fingerprint: Callable[[], Any]) -> Any:
@@ -220,24 +226,51 @@ def _drop_thread_locals() -> None:
         del state[key]
 
 
-# threading's private registry of live threads (what enumerate() lists); its
-# lock is read each time: a forked child gets a new one.
-_registry: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]  # private
+# threading's private registry of live threads (what enumerate() lists) is
+# looked up on this module at every use, never bound at import: a Python whose
+# threading keeps no ``_active`` dict keyed by thread id (another
+# implementation, a later CPython) still imports simdist and runs, only
+# without parking (see ``_registry``). Its lock is read each time too: a forked
+# child gets a new one.
+_internals: Any = threading
 
 
-def _registry_lock() -> Any:
-    return threading._active_limbo_lock  # type: ignore[attr-defined]  # private
+def _registry() -> tuple[dict[int, threading.Thread], Any] | None:
+    """threading's registry of live threads and its lock, or None when this
+    Python does not keep them as CPython does. Without them a parked thread
+    could not be taken out of ``threading.enumerate()``, and a listed parked
+    thread would look like a thread leaked by the run (to pytest fixtures
+    that check for leftovers, ours included): then no thread is parked, and
+    every rank thread ends with its run, as before reuse existed."""
+    registry = getattr(_internals, "_active", None)
+    lock = getattr(_internals, "_active_limbo_lock", None)
+    if type(registry) is not dict or lock is None:
+        return None
+    # Keyed by thread id, as CPython's: the calling thread is found under its own.
+    if registry.get(threading.get_ident()) is not threading.current_thread():
+        return None
+    return registry, lock
 
 
-def _hide(ident: int) -> None:
-    with _registry_lock():
-        _registry.pop(ident, None)
+def _hide(ident: int) -> bool:
+    """Take the calling thread out of the registry; False when it has none."""
+    found = _registry()
+    if found is None:
+        return False
+    registry, lock = found
+    with lock:
+        registry.pop(ident, None)
+    return True
 
 
 def _show(thread: threading.Thread) -> None:
     assert thread.ident is not None
-    with _registry_lock():
-        _registry[thread.ident] = thread
+    found = _registry()
+    if found is None:
+        return  # taken away while the thread was parked: it stays unlisted
+    registry, lock = found
+    with lock:
+        registry[thread.ident] = thread
 
 
 def idle_count() -> int:
@@ -274,8 +307,11 @@ class PooledStart:
             with _lock:
                 # Taken and given its task under one hold of the lock: a parked
                 # thread woken early sees either no task (and waits on) or its task.
-                while _idle and len(taken) < n:
-                    worker = _idle.pop()
+                # Without threading's registry a parked thread could not be
+                # listed again: it stays parked (ended at exit), new ones start.
+                reusable: list[_Worker] = _idle if _registry() is not None else []
+                while reusable and len(taken) < n:
+                    worker = reusable.pop()
                     worker.parked = False
                     taken.append(worker)
                     _show(worker.thread)  # listed again before it runs anything

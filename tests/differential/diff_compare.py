@@ -48,6 +48,9 @@ class Difference:
     aspect: str
     gloo: str
     simdist: str
+    # Members of the step's group that never reached it in either world: a hang
+    # at an earlier step (both worlds agree on it) kept them away.
+    absent: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         return (
@@ -83,6 +86,7 @@ def compare(program: Program, gloo: Outcome, sim: Outcome) -> list[Difference]:
         (i for recs in gloo.ranks for i, r in recs.items() if r.get("type") == "crash"),
         default=len(program.steps),
     )
+    absent = [_absent(program, s, index, gloo, sim) for index, s in enumerate(program.steps)]
     for rank in range(program.world):
         # A rank stuck in both worlds agrees on the hang; where it is stuck may
         # read differently (an async call is waited for later), and what it
@@ -98,8 +102,20 @@ def compare(program: Program, gloo: Outcome, sim: Outcome) -> list[Difference]:
                 # A peer's process died: this rank's call saw its socket close,
                 # or waits for it forever. What it would have done is unknown.
                 break
-            found.extend(_step(program, rank, index, s, g, m))
+            found.extend(_step(program, rank, index, s, g, m, absent[index]))
     return found
+
+
+def _absent(program: Program, s: dict[str, Any], index: int, gloo: Outcome, sim: Outcome) -> tuple[int, ...]:
+    return tuple(
+        member
+        for member in program.members(s)
+        if all(_stuck_before(o.ranks[member], index) for o in (gloo, sim))
+    )
+
+
+def _stuck_before(records: dict[int, dict[str, Any]], index: int) -> bool:
+    return any(i < index and r["status"] == "hang" for i, r in records.items())
 
 
 def _lost_connection(record: dict[str, Any] | None) -> bool:
@@ -138,6 +154,7 @@ def _step(
     s: dict[str, Any],
     g: dict[str, Any] | None,
     m: dict[str, Any] | None,
+    absent: tuple[int, ...],
 ) -> list[Difference]:
     op = s["op"]
     if g is None and m is None:
@@ -147,7 +164,7 @@ def _step(
         # step, where that difference is reported): its outcome is unknown.
         return []
     if g is None or m is None or g["status"] != m["status"]:
-        return [Difference(rank, index, op, "status", _status(g), _status(m))]
+        return [Difference(rank, index, op, "status", _status(g), _status(m), absent)]
     if m["status"] == "error" and (m.get("type") in UNCLEAR or len(m.get("error", "")) < 25):
         return [Difference(rank, index, op, "unclear_error", _status(g), _status(m))]
     if m["status"] == "error" and g["status"] == "error" and g.get("type") != m.get("type"):

@@ -77,20 +77,15 @@ def _non_contiguous_into_tensor(program: Program, s: dict[str, Any], d: Differen
 
 
 def _completes_without_a_member(program: Program, s: dict[str, Any], d: Difference) -> bool:
-    """A member never makes a call (it skipped it, or an earlier skip left it
-    stuck before it): on gloo, members that need nothing from it return (a
+    """A member never makes a call (it skipped it, or it is stuck at an earlier
+    step in both worlds): on gloo, members that need nothing from it return (a
     broadcast receiver, any member when the tensors are empty); simdist's
     members all wait for the missing one."""
     if d.aspect != "status" or d.gloo != "ok" or "hang" not in d.simdist:
         return False
     if s["skip"]:
         return True
-    # Only a skip among this call's own members can leave one of them stuck.
-    members = set(program.members(s))
-    stuck_earlier = any(
-        step["skip"] and members & set(program.members(step)) for step in program.steps[: d.index]
-    )
-    return stuck_earlier and (0 in s["shape"] or s["op"] == "broadcast")
+    return bool(d.absent) and (0 in s["shape"] or s["op"] == "broadcast")
 
 
 def _stacked_all_gather_into_tensor(program: Program, s: dict[str, Any], d: Difference) -> bool:
@@ -186,7 +181,8 @@ KNOWN: tuple[Known, ...] = (
     ),
     Known(
         "completes-without-a-member",
-        "when a member never makes a call (it skipped it, or an earlier skip left it stuck), "
+        "when a member never makes a call (it skipped it, or it is stuck at an earlier step in "
+        "both worlds), "
         "gloo's members that need nothing from it return: a "
         "broadcast's receivers when the missing member is not the root, every member when the "
         "tensors have no elements; simdist's members all wait (DeadlockError), as the program "
