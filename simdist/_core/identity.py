@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 import threading
 import time
 from typing import Any
+
+from .frames import current_frames
 
 __all__ = [
     "Identity",
@@ -134,7 +135,7 @@ _HOLD_BACK_S = 0.2
 
 
 def _in_logging(ident: int) -> bool:
-    frame = sys._current_frames().get(ident)
+    frame = current_frames().get(ident)
     while frame is not None:
         if frame.f_code.co_filename == _LOGGING_FILE:
             return True

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from types import FrameType
 
 from .. import stacks
+from .frames import current_frames
 from .matching import P2PTable
 from .records import RankState
 from .slots import Slots
@@ -17,7 +17,7 @@ def world_report_locked(
 ) -> str:
     """``headline``, then each rank's line (and its helpers'), then the
     unmatched point-to-point operations."""
-    frames = sys._current_frames()
+    frames = current_frames()
     lines = [headline]
     for rank, slot in enumerate(slots.ranks):
         where = describe_rank(rank)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import torch.distributed as dist
 from .. import stacks
 from .._backend.process_group import BACKEND_NAME
 from .._core import identity
+from .._core.frames import current_frames
 from .._isolation import c10d_state, helpers, logging_locks
 from .._isolation.rank_state import release_process
 from ..context import RankContext, build_groups
@@ -191,7 +191,7 @@ def _raise_simulation_error(thread_id: int) -> None:
 
 
 def _unstoppable_helpers(rank: int, left: list[Any], returned: bool) -> str:
-    frames = sys._current_frames()
+    frames = current_frames()
     lines = [
         f"rank {rank}'s {'body returned' if returned else 'body failed'}, but "
         f"{len(left)} helper thread(s) it started could not be stopped (blocked in "

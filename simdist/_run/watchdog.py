@@ -7,13 +7,13 @@ named with its stack and left behind as a daemon.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from .. import stacks
 from .._core import identity
+from .._core.frames import current_frames
 from .._core.pool import Seat
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError, SimulationTimeout
@@ -46,7 +46,7 @@ def join_all(threads: list[Seat], world: World, deadline: float, timeout: float)
     alive = [t for t in threads if is_alive(t)]
     if not alive:
         return None
-    frames = sys._current_frames()
+    frames = current_frames()
     # Scheduled, a rank that never got the run token back did not hang: the
     # rank holding it did (or a rank the holder waits on outside simdist).
     queued = world.scheduler.queued_ranks()
@@ -85,7 +85,7 @@ def join_all(threads: list[Seat], world: World, deadline: float, timeout: float)
 
 def stuck_report(still: list[Seat], why: str) -> str:
     """Name the threads nothing could stop, with where they are stuck."""
-    frames = sys._current_frames()
+    frames = current_frames()
     lines = [
         f"  after {why}, {len(still)} thread(s) could not be interrupted within {GRACE_S:g} s "
         f"(blocked in native code such as a lock or Event wait, or catching the interrupt); "

@@ -8,12 +8,12 @@ it waits on, its coordinates and its flight record. Port this file, not the rest
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from .. import stacks
+from .._core.frames import current_frames
 
 
 @dataclass
@@ -67,7 +67,7 @@ def rank_views(world: Any) -> list[RankView]:
 def frame_of(thread_id: int | None) -> FrameType | None:
     if thread_id is None:
         return None
-    return sys._current_frames().get(thread_id)
+    return current_frames().get(thread_id)
 
 
 def innermost_user_frame(frame: FrameType | None) -> FrameType | None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
+from .._core.frames import current_frames
 from . import _engine
 from ._session import DebugSession, live_sessions
 
@@ -44,7 +44,7 @@ def rank_states(session: DebugSession) -> list[str]:
 
 def stacks_text(session: DebugSession, ranks: list[int] | None = None, *, headline: str | None = None) -> str:
     """Every rank's (and helper's) user stack, innermost last, as the deadlock report shows them."""
-    frames = sys._current_frames()
+    frames = current_frames()
     names = {t.ident: t.name for t in threading.enumerate()}
     states = rank_states(session)
     lines = [headline or f"simdist {session.name}: every rank's stack (innermost last)"]

@@ -16,6 +16,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from .._core.frames import current_frames
+
 __all__ = ["EXIT_HUNG_CASE", "CaseDeadline", "exit_now", "leaked_threads", "main_thread_stack"]
 
 # A worker that ended itself at a case past its deadline (a failure it has
@@ -58,7 +60,7 @@ class CaseDeadline:
 
 
 def main_thread_stack() -> str:
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    frame = current_frames().get(threading.main_thread().ident or -1)
     return "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
 
 
