@@ -3,7 +3,7 @@
 For each mutant one small program (shrunk by a campaign, or written to hit
 the bug directly) passes the differential check on the real simdist and fails
 it with the mutant applied: the check can see that bug. The campaign's time
-to find each one from scratch is ``benchmarks/simdist_mutants.py``'s job.
+to find each one from scratch is ``benchmarks/diff_mutants.py``'s job.
 """
 
 from __future__ import annotations
