@@ -17,7 +17,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
+import simdist
 from simdist._core.frames import current_frames
 
 _SCRIPT = textwrap.dedent(
@@ -85,3 +87,14 @@ def test_every_live_thread_is_listed() -> None:
     finally:
         stop.set()
         t.join(30)
+
+
+def test_simdist_reads_frames_only_through_the_helper() -> None:
+    # A plain sys._current_frames() anywhere in simdist brings the hang back.
+    root = Path(simdist.__file__).parent
+    direct = [
+        str(path.relative_to(root))
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "frames.py" and "sys._current_frames(" in path.read_text()
+    ]
+    assert direct == [], f"call simdist._core.frames.current_frames() instead in: {direct}"
