@@ -1,0 +1,428 @@
+"""PyTorch's own distributed test harnesses, run on simdist.
+
+Tests written for ``MultiProcessTestCase`` (one spawned process per rank:
+``DTensorTestBase`` with ``@with_comms``, ``distributed_test``'s
+``TestDistBackend``), ``MultiThreadedTestCase`` and
+``spawn_threads_and_init_comms`` (torch's threaded test process group) run
+unchanged, every rank a simdist rank thread::
+
+    pytest -p simdist.torch_compat test/distributed/test_c10d_gloo.py
+
+or ``simdist.torch_compat.install()`` in a ``conftest.py``. The harnesses'
+launchers are replaced; everything else is theirs: each rank builds its own
+test instance, the test's ``init_process_group("gloo", init_method=...)``
+becomes a simdist group, skips and exit codes are read back by the
+harness's own ``_check_return_codes``, a failing rank's traceback is
+reported as the harness reports it, and simdist's own verdicts
+(``DeadlockError``, ``CollectiveMismatchError``, ``SimulationTimeout``)
+are raised as they are.
+
+This is the one module of simdist that touches ``torch.testing._internal``,
+which is private to PyTorch and changes between releases: ``install``
+refuses a torch whose harnesses it has not been checked against
+(``KNOWN_TORCH``), naming the version, unless ``SIMDIST_TORCH_COMPAT_ANY=1``
+says to try anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._core import identity
+from ._run import run as simdist_run
+from .errors import SimulationError
+
+__all__ = [
+    "KNOWN_TORCH",
+    "TorchCompatError",
+    "harness",
+    "install",
+    "installed",
+    "uninstall",
+]
+
+# torch releases (major.minor) whose harnesses this module was checked against.
+KNOWN_TORCH = ("2.13",)
+_FORCE_ENV = "SIMDIST_TORCH_COMPAT_ANY"
+
+_COMMON = "torch.testing._internal.common_distributed"
+_DIST_TEST = "torch.testing._internal.distributed.distributed_test"
+_DTENSOR = "torch.testing._internal.distributed._tensor.common_dtensor"
+
+
+class TorchCompatError(RuntimeError):
+    """The installed torch's test harnesses are not the ones this module knows."""
+
+
+def _torch_release() -> str:
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def check_torch_version() -> None:
+    """Refuse a torch release whose private harnesses were never checked."""
+    release = _torch_release()
+    if release in KNOWN_TORCH or os.environ.get(_FORCE_ENV) == "1":
+        return
+    raise TorchCompatError(
+        f"simdist.torch_compat knows the test harnesses of torch {', '.join(KNOWN_TORCH)}, "
+        f"not torch {torch.__version__}: torch.testing._internal is private and changes between "
+        f"releases. Set {_FORCE_ENV}=1 to try anyway."
+    )
+
+
+def _module(name: str) -> types.ModuleType:
+    return importlib.import_module(name)
+
+
+class _Harness:
+    """PyTorch's harness classes, fetched (after the version check) on first use:
+    simdist's own tests and benchmarks subclass them through here."""
+
+    @property
+    def common(self) -> types.ModuleType:
+        check_torch_version()
+        return _module(_COMMON)
+
+    @property
+    def MultiProcessTestCase(self) -> type:
+        return self.common.MultiProcessTestCase
+
+    @property
+    def MultiThreadedTestCase(self) -> type:
+        return self.common.MultiThreadedTestCase
+
+    @property
+    def spawn_threads_and_init_comms(self) -> Callable[..., Any]:
+        return self.common.spawn_threads_and_init_comms
+
+    @property
+    def dtensor(self) -> types.ModuleType:
+        check_torch_version()
+        return _module(_DTENSOR)
+
+    def distributed_test(self) -> types.ModuleType:
+        """``distributed_test`` reads BACKEND, WORLD_SIZE and TEMP_DIR from the environment at import."""
+        check_torch_version()
+        return _module(_DIST_TEST)
+
+
+harness = _Harness()
+
+
+# -- the state of one install --------------------------------------------------
+
+
+@dataclass
+class _Installed:
+    originals: list[tuple[object, str, Any]] = field(default_factory=list)
+    threaded_tests: dict[int, Any] = field(default_factory=dict)  # main thread id -> test instance
+    barrier_patched: bool = False
+
+
+_state: _Installed | None = None
+_lock = threading.Lock()
+
+
+def installed() -> bool:
+    return _state is not None
+
+
+def _replace(state: _Installed, owner: object, name: str, value: Any) -> None:
+    state.originals.append(
+        (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
+    )
+    setattr(owner, name, value)
+
+
+def install() -> None:
+    """Route PyTorch's distributed test harnesses to simdist (idempotent)."""
+    global _state
+    check_torch_version()
+    with _lock:
+        if _state is not None:
+            return
+        common = _module(_COMMON)
+        state = _Installed()
+        mp = common.MultiProcessTestCase
+        mt = common.MultiThreadedTestCase
+        _replace(state, mp, "_spawn_processes", _spawn_processes)
+        _replace(state, mp, "_join_processes", _join_processes)
+        _replace(state, mp, "_event_listener", staticmethod(_no_event_listener))
+        _replace(state, mt, "_spawn_threads", _spawn_threads)
+        _replace(state, mt, "_join_threads", classmethod(_join_threads))
+        _replace(state, common, "spawn_threads_and_init_comms", spawn_threads_and_init_comms)
+        _state = state
+
+
+def uninstall() -> None:
+    """Put the harnesses back as torch has them."""
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        for owner, name, value in reversed(_state.originals):
+            setattr(owner, name, value)
+        _state = None
+
+
+# -- MultiProcessTestCase -------------------------------------------------------
+
+
+class _ExitCodes:
+    """What ``_check_return_codes`` reads of a spawned process: its exit code and pid."""
+
+    def __init__(self, rank: int, exitcode: int | None) -> None:
+        self.pid = rank  # a key of pid_to_pipe, unique per rank
+        self.exitcode = exitcode
+        self.name = f"simdist rank {rank}"
+
+    def terminate(self) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+class _Pipe:
+    """The harness's pipe between a rank and the main process, in memory: the
+    rank sends its traceback, ``_check_return_codes`` receives it. It keeps the
+    exception being reported too, so simdist's own verdicts can be raised as
+    they are."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.error: BaseException | None = None
+        self.closed = False
+
+    def send(self, obj: Any) -> None:
+        self.error = sys.exc_info()[1] or self.error
+        self.messages.append(obj)
+
+    def recv(self) -> Any:
+        return self.messages.pop(0) if self.messages else ""
+
+    def poll(self, timeout: float | None = None) -> bool:
+        return bool(self.messages)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _no_event_listener(parent_pipe: Any, signal_pipe: Any, rank: int) -> None:
+    """The harness's per-process listener answers the parent's request for a
+    timed-out process's traceback, blocked in ``select`` meanwhile (a helper
+    thread simdist cannot tell is idle). simdist reports stuck ranks itself."""
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _spawn_processes(self: Any) -> None:
+    # The world starts when the test method runs (_join_processes): the
+    # harness spawns in setUp, but simdist's ranks live inside one call.
+    self.processes = []
+    self._simdist_spawned = True
+
+
+def _timeout_of(self: Any) -> float:
+    common = _module(_COMMON)
+    try:
+        return float(common.get_timeout(self.id()))
+    except Exception:
+        return float(common.TIMEOUT_DEFAULT)
+
+
+def _join_processes(self: Any, fn: Any) -> None:
+    if not getattr(self, "_simdist_spawned", False):
+        return
+    _patch_distributed_test()
+    cls = type(self)
+    test_name = self._current_test_name()
+    file_name = self.file_name
+    fake_pg = getattr(self, "fake_pg", False)
+    world_size = int(self.world_size)
+    pipes = [_Pipe() for _ in range(world_size)]
+
+    def rank_body(ctx: Any) -> int:
+        # The test initialises its own default group, as each spawned process would.
+        dist.destroy_process_group()
+        try:
+            cls._run(ctx.rank, test_name, file_name, pipes[ctx.rank], fake_pg=fake_pg)
+        except SystemExit as exc:
+            return _exit_code(exc)
+        finally:
+            _forget_default_group()
+        return 0
+
+    start = time.monotonic()
+    codes = simdist_run(rank_body, world_size=world_size, timeout=_timeout_of(self))
+    verdict = _simdist_verdict(p.error for p in pipes)
+    if verdict is not None:
+        raise verdict
+    self.processes = [_ExitCodes(rank, code) for rank, code in enumerate(codes)]
+    self.pid_to_pipe = dict(enumerate(pipes))
+    self._check_return_codes(fn, time.monotonic() - start)
+
+
+def _forget_default_group() -> None:
+    """A test that left its group up (``destroy_pg_upon_exit`` False) is torn
+    down here, as its process's exit would."""
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def _simdist_verdict(errors: Any) -> BaseException | None:
+    """The first of simdist's own verdicts a rank caught and reported as a test error."""
+    for error in errors:
+        if isinstance(error, SimulationError):
+            return error
+    return None
+
+
+# -- MultiThreadedTestCase and spawn_threads_and_init_comms ---------------------
+
+
+def _spawn_threads(self: Any) -> None:
+    assert _state is not None
+    self.threads = []
+    _state.threaded_tests[threading.get_ident()] = self
+
+
+def _run_threaded(world_size: int, per_rank: Callable[[int], None], fn: Any, cls: Any) -> None:
+    """Run ``per_rank(rank)`` on every rank; collect failures as the threaded
+    harness does and let its ``_check_return_codes`` judge them."""
+    failures: dict[int, tuple[Any, BaseException, Any]] = {}
+
+    def rank_body(ctx: Any) -> None:
+        try:
+            per_rank(ctx.rank)
+        except BaseException as exc:
+            if isinstance(exc, SimulationError):
+                raise
+            failures[ctx.rank] = (type(exc), exc, exc.__traceback__)
+
+    common = _module(_COMMON)
+    simdist_run(rank_body, world_size=world_size, timeout=float(common.TIMEOUT_DEFAULT))
+    cls._check_return_codes(sorted(failures.items()), common.TIMEOUT_DEFAULT, fn)
+
+
+def _join_threads(cls: Any, threads: list[Any], fn: Any) -> None:
+    assert _state is not None
+    test = _state.threaded_tests.pop(threading.get_ident(), None)
+    if test is None or threads:
+        raise TorchCompatError(
+            "simdist.torch_compat: MultiThreadedTestCase._join_threads called without "
+            "_spawn_threads in this thread's setUp"
+        )
+    test_name = test._current_test_name
+    tcls = type(test)
+    common = _module(_COMMON)
+
+    def per_rank(rank: int) -> None:
+        inst = tcls(test_name)
+        inst.rank = rank
+        if hasattr(inst, "_tls"):
+            inst._tls = threading.local()
+            inst._tls.precision = common.TestCase._precision
+            inst._tls.rel_tol = common.TestCase._rel_tol
+        inst.perThreadSetUp()
+        try:
+            getattr(inst, test_name)()
+        finally:
+            inst.perThreadTearDown()
+
+    _run_threaded(int(test.world_size), per_rank, fn, tcls)
+
+
+def spawn_threads_and_init_comms(
+    func: Callable[..., Any] | None = None, timeout: float | None = None, world_size: int | None = None
+) -> Any:
+    """``common_distributed.spawn_threads_and_init_comms`` on simdist ranks."""
+    common = _module(_COMMON)
+    size = common.DEFAULT_WORLD_SIZE if world_size is None else world_size
+    if func is None:
+        return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=size)
+
+    @functools.wraps(func)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        _run_threaded(size, lambda _rank: func(self, *args, **kwargs), func, common.MultiThreadedTestCase)
+
+    return wrapper
+
+
+# -- pytest: ``pytest -p simdist.torch_compat`` ---------------------------------
+
+
+def pytest_configure(config: Any) -> None:
+    install()
+
+
+def pytest_unconfigure(config: Any) -> None:
+    uninstall()
+
+
+@contextmanager
+def installed_for(block: str = "") -> Iterator[None]:
+    """``install()`` for a block, put back after it unless it was installed before."""
+    was = installed()
+    install()
+    try:
+        yield
+    finally:
+        if not was:
+            uninstall()
+
+
+# -- distributed_test's file barrier --------------------------------------------
+
+# ``distributed_test.Barrier`` syncs processes through files named by pid,
+# polling with ``time.sleep``: in one process every rank writes the same file
+# and the sleeping rank keeps the run token. The harness's barrier (not the
+# test's collectives) syncs through the world's store instead, one count per
+# rank as each spawned process would keep.
+_barrier_counts: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+def _store_barrier(cls: Any, wait_for: int | None = None, timeout: float = 10) -> None:
+    world, rank = identity.me.world, identity.me.rank
+    if world is None:
+        raise TorchCompatError("distributed_test's Barrier.sync called outside a simdist rank")
+    if wait_for is None:
+        wait_for = world.scheduler.world_size
+    counts = _barrier_counts.setdefault(world, {})
+    n = counts[rank] = counts.get(rank, 0) + 1
+    key = f"simdist.torch_compat/barrier/{n}"
+    if world.store.add(key, 1) >= wait_for:
+        world.store.set(f"{key}/done", b"1")
+    world.store.wait([f"{key}/done"])
+
+
+def _patch_distributed_test() -> None:
+    """Patch ``Barrier.sync`` once ``distributed_test`` is imported (it reads
+    its environment at import, so ``install`` cannot import it itself)."""
+    module = sys.modules.get(_DIST_TEST)
+    if module is None or _state is None or _state.barrier_patched:
+        return
+    _replace(_state, module.Barrier, "sync", classmethod(_store_barrier))
+    _state.barrier_patched = True
