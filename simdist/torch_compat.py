@@ -30,6 +30,7 @@ import functools
 import importlib
 import os
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -49,6 +50,8 @@ from .errors import SimulationError
 __all__ = [
     "KNOWN_TORCH",
     "TorchCompatError",
+    "check_torch_version",
+    "distributed_test_class",
     "harness",
     "install",
     "installed",
@@ -121,6 +124,57 @@ class _Harness:
 
 
 harness = _Harness()
+
+
+def distributed_test_class(world_size: int = 3, backend: str = "gloo") -> type:
+    """``distributed_test``'s suite as PyTorch's ``test_distributed_spawn.py``
+    builds it: ``TestDistBackend`` with ``_DistTestBase``, spawning in setUp.
+
+    The module reads ``BACKEND``, ``WORLD_SIZE`` and ``TEMP_DIR`` from the
+    environment when first imported; they are set here (a ``TEMP_DIR`` only
+    where none is set), and must agree with a module imported before.
+    """
+    if backend != "gloo":
+        raise ValueError(f"backend must be 'gloo' (simdist runs CPU worlds), got {backend!r}")
+    if not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size must be an int of at least 2, got {world_size!r}")
+    if _DIST_TEST in sys.modules and (
+        os.environ.get("BACKEND") != backend or os.environ.get("WORLD_SIZE") != str(world_size)
+    ):
+        raise ValueError(
+            f"distributed_test was imported with BACKEND={os.environ.get('BACKEND')!r}, "
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}; it reads them once"
+        )
+    os.environ["BACKEND"] = backend
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="simdist-distributed-test-"))
+    module = harness.distributed_test()
+
+    global _dist_test_class
+    if _dist_test_class is None:
+
+        class TestDistBackendWithSpawn(module.TestDistBackend, module.DistributedTest._DistTestBase):  # type: ignore[name-defined]
+            def setUp(self) -> None:
+                super().setUp()
+                self._spawn_processes()
+
+        # Natively the harness pickles the class into each spawned process:
+        # it must be found by name there (module __getattr__ below).
+        TestDistBackendWithSpawn.__module__ = __name__
+        TestDistBackendWithSpawn.__qualname__ = "TestDistBackendWithSpawn"
+        _dist_test_class = TestDistBackendWithSpawn
+    return _dist_test_class
+
+
+_dist_test_class: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # A process spawned by the native harness unpickles the class by this
+    # name, with the parent's environment (BACKEND, WORLD_SIZE, TEMP_DIR).
+    if name == "TestDistBackendWithSpawn":
+        return distributed_test_class(int(os.environ["WORLD_SIZE"]), os.environ["BACKEND"])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the state of one install --------------------------------------------------
