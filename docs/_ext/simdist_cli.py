@@ -1,0 +1,161 @@
+"""``simdist-cli``: the command-line reference, generated from the real parser.
+
+``simdist.cli.main`` builds its parser (with the ``fuzz`` and ``replay``
+subcommands, which it adds only when asked for one) and parses. The directive
+runs ``main(["fuzz"])`` with ``ArgumentParser.parse_args`` replaced by a trap
+that hands back the parser it was called on, so the page shows exactly the
+options, defaults and help texts the installed command has, with no copy of
+them to keep in step.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import nested_parse_with_titles
+
+
+class _Caught(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__("parser caught")
+        self.parser = parser
+
+
+def simdist_parser() -> argparse.ArgumentParser:
+    """The top-level ``simdist`` parser, every subcommand added, as ``main`` builds it."""
+    from simdist import cli
+
+    original = argparse.ArgumentParser.parse_args
+
+    def trap(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        raise _Caught(self)
+
+    argparse.ArgumentParser.parse_args = trap  # type: ignore[method-assign]
+    try:
+        cli.main(["fuzz"])
+    except _Caught as caught:
+        return caught.parser
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+    raise RuntimeError("simdist.cli.main returned without parsing its arguments")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _help_of(parser: argparse.ArgumentParser, name: str) -> str:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if choice.dest == name:
+                    return choice.help or ""
+    return ""
+
+
+def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        if action.option_strings:
+            names = ", ".join(action.option_strings)
+            if action.nargs != 0:
+                metavar = action.metavar or action.dest.upper()
+                if isinstance(metavar, tuple):
+                    metavar = " ".join(metavar)
+                names += f" {metavar}"
+        else:
+            names = str(action.metavar or action.dest)
+        text = (action.help or "").replace("%(default)s", str(action.default)).replace("%%", "%")
+        if action.choices and not isinstance(action.choices, dict):
+            text += " Choices: " + ", ".join(f"``{c}``" for c in action.choices) + "."
+        default = action.default
+        if action.option_strings and action.nargs != 0 and default not in (None, argparse.SUPPRESS, [], ""):
+            text += f" Default: ``{default}``."
+        rows.append(f"``{names}``")
+        rows.append(f"   {text.strip() or '(no help text)'}")
+        rows.append("")
+    return rows
+
+
+class SimdistCli(SphinxDirective):
+    """Renders ``simdist``'s usage, then every subcommand with its options."""
+
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        parser = simdist_parser()
+        lines: list[str] = []
+        lines += ["::", "", *("   " + line for line in parser.format_usage().splitlines()), ""]
+        if parser.description:
+            lines += [parser.description.strip(), ""]
+        for name, sub in _subparsers(parser).items():
+            title = f"simdist {name}"
+            lines += [title, "-" * len(title), ""]
+            summary = _help_of(parser, name)
+            if summary:
+                lines += [summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else "."), ""]
+            lines += ["::", "", *("   " + line for line in sub.format_usage().splitlines()), ""]
+            if sub.description:
+                lines += [sub.description.strip(), ""]
+            lines += _option_rows(sub)
+            if sub.epilog:
+                lines += [sub.epilog.strip(), ""]
+        container = nodes.section()
+        container.document = self.state.document
+        nested_parse_with_titles(self.state, StringList(lines, source="simdist.cli"), container)
+        return list(container.children)
+
+
+class _OptionRecorder:
+    """Stands in for pytest's parser: records what the plugin's ``pytest_addoption`` adds."""
+
+    def __init__(self) -> None:
+        self.options: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+
+    def getgroup(self, name: str, description: str = "") -> _OptionRecorder:
+        return self
+
+    def addoption(self, *names: str, **attrs: Any) -> None:
+        self.options.append((names, attrs))
+
+
+class SimdistPytestOptions(SphinxDirective):
+    """Lists the command-line options simdist's pytest plugin adds, from the plugin itself."""
+
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        from simdist._pytest import plugin
+
+        recorder = _OptionRecorder()
+        plugin.pytest_addoption(recorder)  # type: ignore[arg-type]
+        lines: list[str] = []
+        for names, attrs in recorder.options:
+            head = ", ".join(names)
+            if attrs.get("metavar"):
+                head += f" {attrs['metavar']}"
+            elif attrs.get("choices"):
+                head += " {" + ",".join(attrs["choices"]) + "}"
+            elif attrs.get("type") is float:
+                head += " SECONDS"
+            lines += [f"``{head}``", f"   {attrs.get('help', '(no help text)')}", ""]
+        container = nodes.section()
+        container.document = self.state.document
+        nested_parse_with_titles(self.state, StringList(lines, source="simdist._pytest.plugin"), container)
+        return list(container.children)
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("simdist-cli", SimdistCli)
+    app.add_directive("simdist-pytest-options", SimdistPytestOptions)
+    return {"version": "1", "parallel_read_safe": True}
