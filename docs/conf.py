@@ -2,7 +2,7 @@
 
 Pages are Markdown (MyST-Parser); the API reference comes from the docstrings
 (autodoc, napoleon for the Google-style sections some of them use) and the
-command-line reference from the real argparse parser (``_ext/simdist_cli.py``).
+command-line reference from the real argparse parser (``_ext/simdist_reference.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
-    "simdist_cli",
+    "simdist_reference",
 ]
 
 source_suffix = {".md": "markdown"}

@@ -1,4 +1,10 @@
-"""``simdist-cli``: the command-line reference, generated from the real parser.
+"""Reference pages generated from the code and data they describe.
+
+- ``simdist-cli``: the command-line reference, from the real parser;
+- ``simdist-pytest-options``: the pytest plugin's options, from its ``pytest_addoption``;
+- ``simdist-schema PATH``: a JSON Schema's fields as a table, from the schema file.
+
+The command line:
 
 ``simdist.cli.main`` builds its parser (with the ``fuzz`` and ``replay``
 subcommands, which it adds only when asked for one) and parses. The directive
@@ -11,6 +17,8 @@ them to keep in step.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from docutils import nodes
@@ -155,7 +163,60 @@ class SimdistPytestOptions(SphinxDirective):
         return list(container.children)
 
 
+def _type_of(spec: dict[str, Any]) -> str:
+    if "const" in spec:
+        return f"``{json.dumps(spec['const'])}``"
+    if "enum" in spec:
+        return " | ".join(f"``{json.dumps(v)}``" for v in spec["enum"])
+    if "$ref" in spec:
+        return "object" if spec["$ref"].endswith("counts") else spec["$ref"].rsplit("/", 1)[-1]
+    if "allOf" in spec:
+        return "object"
+    kind = spec.get("type", "any")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "array" in kinds and isinstance(spec.get("items"), dict) and "$ref" in spec["items"]:
+        kinds = [k if k != "array" else f"array of {spec['items']['$ref'].rsplit('/', 1)[-1]}" for k in kinds]
+    return " or ".join(kinds)
+
+
+def _schema_rows(props: dict[str, Any], required: set[str], prefix: str = "") -> list[tuple[str, str, str]]:
+    rows = []
+    for name, spec in props.items():
+        field = f"{prefix}{name}"
+        need = "" if name in required else " (optional)"
+        rows.append((f"``{field}``{need}", _type_of(spec), spec.get("description", "")))
+        if isinstance(spec.get("properties"), dict):
+            rows += _schema_rows(spec["properties"], set(spec.get("required", [])), f"{field}.")
+    return rows
+
+
+class SimdistSchema(SphinxDirective):
+    """A table of a JSON Schema's fields (nested objects and ``$defs`` included)."""
+
+    required_arguments = 1
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        path = Path(self.env.srcdir) / self.arguments[0]
+        self.env.note_dependency(str(path))
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        rows = _schema_rows(schema.get("properties", {}), set(schema.get("required", [])))
+        for name, spec in schema.get("$defs", {}).items():
+            if isinstance(spec.get("properties"), dict):
+                rows += _schema_rows(spec["properties"], set(spec.get("required", [])), f"{name}.")
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 25 15 60", ""]
+        lines += ["   * - field", "     - type", "     - meaning"]
+        for field, kind, text in rows:
+            lines += [f"   * - {field}", f"     - {kind}", f"     - {text or '-'}"]
+        lines.append("")
+        container = nodes.section()
+        container.document = self.state.document
+        nested_parse_with_titles(self.state, StringList(lines, source=str(path)), container)
+        return list(container.children)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("simdist-schema", SimdistSchema)
     app.add_directive("simdist-cli", SimdistCli)
     app.add_directive("simdist-pytest-options", SimdistPytestOptions)
     return {"version": "1", "parallel_read_safe": True}
