@@ -45,7 +45,7 @@ $(DOCS_STAMP): $(STAMP)
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
-	$(PY) -m sphinx -b html -W --keep-going -q docs build/docs
+	$(PY) -m sphinx -b html -E -W --keep-going -q docs build/docs
 
 clean:
 	rm -rf $(VENV)

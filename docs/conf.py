@@ -53,3 +53,6 @@ html_title = f"simdist {release}"
 html_static_path: list[str] = []
 # docs/schemas/*.json are published beside the pages.
 html_extra_path = ["schemas"]
+
+# Option names such as --budget must stay as typed, not become dashes.
+smartquotes = False

@@ -22,10 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from docutils import nodes
-from docutils.statemachine import StringList
+from docutils.parsers.rst import Parser as RstParser
+from docutils.utils import new_document
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
-from sphinx.util.nodes import nested_parse_with_titles
+
+
+def _rst(directive: SphinxDirective, lines: list[str], source: str) -> list[nodes.Node]:
+    """Nodes of generated reStructuredText, whatever the page's own markup (these pages are MyST)."""
+    document = new_document(source, directive.state.document.settings)
+    RstParser().parse("\n".join(lines) + "\n", document)
+    return list(document.children)
 
 
 class _Caught(Exception):
@@ -69,6 +76,10 @@ def _help_of(parser: argparse.ArgumentParser, name: str) -> str:
     return ""
 
 
+def _literal(text: str) -> list[str]:
+    return ["::", "", *("   " + line for line in text.splitlines()), ""]
+
+
 def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     rows: list[str] = []
     for action in parser._actions:
@@ -87,7 +98,12 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         if action.choices and not isinstance(action.choices, dict):
             text += " Choices: " + ", ".join(f"``{c}``" for c in action.choices) + "."
         default = action.default
-        if action.option_strings and action.nargs != 0 and default not in (None, argparse.SUPPRESS, [], ""):
+        if (
+            action.option_strings
+            and action.nargs != 0
+            and default not in (None, argparse.SUPPRESS, [], "")
+            and "default" not in text
+        ):
             text += f" Default: ``{default}``."
         rows.append(f"``{names}``")
         rows.append(f"   {text.strip() or '(no help text)'}")
@@ -103,7 +119,7 @@ class SimdistCli(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         parser = simdist_parser()
         lines: list[str] = []
-        lines += ["::", "", *("   " + line for line in parser.format_usage().splitlines()), ""]
+        lines += _literal(parser.format_usage())
         if parser.description:
             lines += [parser.description.strip(), ""]
         for name, sub in _subparsers(parser).items():
@@ -112,16 +128,13 @@ class SimdistCli(SphinxDirective):
             summary = _help_of(parser, name)
             if summary:
                 lines += [summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else "."), ""]
-            lines += ["::", "", *("   " + line for line in sub.format_usage().splitlines()), ""]
+            lines += _literal(sub.format_usage())
             if sub.description:
                 lines += [sub.description.strip(), ""]
             lines += _option_rows(sub)
             if sub.epilog:
                 lines += [sub.epilog.strip(), ""]
-        container = nodes.section()
-        container.document = self.state.document
-        nested_parse_with_titles(self.state, StringList(lines, source="simdist.cli"), container)
-        return list(container.children)
+        return _rst(self, lines, "simdist.cli")
 
 
 class _OptionRecorder:
@@ -157,10 +170,7 @@ class SimdistPytestOptions(SphinxDirective):
             elif attrs.get("type") is float:
                 head += " SECONDS"
             lines += [f"``{head}``", f"   {attrs.get('help', '(no help text)')}", ""]
-        container = nodes.section()
-        container.document = self.state.document
-        nested_parse_with_titles(self.state, StringList(lines, source="simdist._pytest.plugin"), container)
-        return list(container.children)
+        return _rst(self, lines, "simdist._pytest.plugin")
 
 
 def _type_of(spec: dict[str, Any]) -> str:
@@ -209,10 +219,7 @@ class SimdistSchema(SphinxDirective):
         for field, kind, text in rows:
             lines += [f"   * - {field}", f"     - {kind}", f"     - {text or '-'}"]
         lines.append("")
-        container = nodes.section()
-        container.document = self.state.document
-        nested_parse_with_titles(self.state, StringList(lines, source=str(path)), container)
-        return list(container.children)
+        return _rst(self, lines, str(path))
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

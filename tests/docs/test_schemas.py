@@ -111,3 +111,10 @@ def test_the_schemas_refuse_what_simdist_does_not_write(campaign: dict[str, Any]
     case = copy.deepcopy(campaign["cases"][0])
     del case["case"]
     assert errors(CASE, case)
+
+
+def test_the_case_file_shown_in_the_docs_validates() -> None:
+    text = (ROOT / "docs" / "formats.md").read_text(encoding="utf-8")
+    start = text.index("```json\n", text.index("## The case file")) + len("```json\n")
+    shown = json.loads(text[start : text.index("```", start)])
+    assert errors(CASE, shown) == []
