@@ -32,7 +32,7 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "schemas/README.md"]
+exclude_patterns = ["_build"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 # Headings become link targets (`page.md#a-heading`), as on GitHub.
