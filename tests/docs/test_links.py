@@ -38,4 +38,6 @@ def test_the_front_page_stays_a_front_page() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 260, f"README.md has {len(lines)} lines: its sections belong in docs/"
     # The two set-up commands come first, as they always have.
-    assert lines[2].startswith("make fuzz ") and lines[3].startswith("make test "), lines[:5]
+    assert lines[2] == "```sh" and lines[3].startswith("make fuzz ") and lines[4].startswith("make test "), (
+        lines[:5]
+    )
