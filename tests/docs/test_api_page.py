@@ -26,3 +26,11 @@ def test_every_public_name_has_an_entry() -> None:
     shown = set(re.findall(r"^\.\. auto\w+:: simdist\.(\w+)$", PAGE, re.M))
     missing = sorted(set(simdist.__all__) - shown)
     assert missing == [], f"docs/api.md has no autodoc entry for simdist.{missing}"
+
+
+def test_every_constant_of_the_strategies_is_listed() -> None:
+    import simdist.strategies as strategies
+
+    constants = [name for name in strategies.__all__ if name.isupper()]
+    missing = [name for name in constants if f".. autodata:: simdist.strategies.{name}\n" not in PAGE]
+    assert constants and missing == [], f"docs/api.md lists no value for simdist.strategies.{missing}"
