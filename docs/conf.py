@@ -56,3 +56,5 @@ html_extra_path = ["schemas"]
 
 # Option names such as --budget must stay as typed, not become dashes.
 smartquotes = False
+# Blocks without a language (usage lines, transcripts) stay plain text.
+highlight_language = "none"
