@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 FUZZ_BUDGET ?= 60
 FUZZ_WORKERS ?= 2
 
-.PHONY: demo fuzz lint test venv clean
+.PHONY: demo docs fuzz lint test venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+# The documentation site (docs/, Sphinx): warnings are errors, as in CI; the HTML lands in build/docs.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -b html -E -W --keep-going -q docs build/docs
 
 clean:
 	rm -rf $(VENV)

@@ -4,7 +4,7 @@ For world sizes 3..6 and float dtypes, all-reduces (SUM) normal random data
 of a few sizes on a warm gloo world and on simdist under each reduction model
 ("rank", "ring", "tree"), and prints the fraction of results that are
 bitwise identical to gloo's. A model at 100% reproduces gloo's order for
-those cases; the README quotes the table.
+those cases; docs/differences.md quotes the table.
 
     python benchmarks/diff_reduction_order.py
 

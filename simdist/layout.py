@@ -21,6 +21,8 @@ GROUP_NAMES: tuple[str, ...] = AXES + tuple(COMPOSITE_AXES) + ("world",)
 
 
 class Coords(NamedTuple):
+    """A rank's position along each axis of a ``Layout`` (``ctx.coords``, ``Layout.coords(rank)``)."""
+
     tp: int
     cp: int
     dp: int

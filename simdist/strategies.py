@@ -403,6 +403,7 @@ def fault_to_json(fault: Fault) -> dict[str, object]:
 
 
 def fault_from_json(data: Mapping[str, object]) -> Fault:
+    """The ``Fault`` that ``fault_to_json`` wrote (a case file's fault, read back)."""
     fields = dict(data)
     fields["where"] = tuple((str(axis), int(index)) for axis, index in fields.get("where", ()))  # type: ignore[attr-defined]  # JSON values are untyped objects
     return Fault(**fields)  # type: ignore[arg-type]  # JSON values are untyped objects

@@ -68,6 +68,16 @@ def run(
     when ranks were still running after ``timeout`` seconds (a positive,
     finite number).
 
+    The world is ``layout=Layout(...)`` (groups for every axis in
+    ``ctx.groups``) or a flat ``world_size=N`` (``ctx.groups.world`` only); a
+    ``world_size`` given beside a layout must agree with it. ``device`` is
+    each rank's ``ctx.device``: ``"cuda"`` without an index gives rank r GPU
+    ``r % device_count()``. ``timeout`` counts from the call (start-up
+    included). ``seed`` seeds the ``"shuffled"`` reduction model and the
+    ``"random"`` schedule unless ``schedule_seed`` is given. ``attempt`` is
+    what the body sees as ``ctx.attempt`` (``run_with_retry`` numbers its
+    attempts with it).
+
     ``reduction`` picks the reduction-order model ("rank", "ring", "tree",
     "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
     ``trace`` writes a Chrome/Perfetto trace of every call to that path;

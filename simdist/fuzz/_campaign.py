@@ -42,6 +42,8 @@ __all__ = ["CampaignConfig", "CampaignResult", "ExitCode", "default_targets", "r
 
 
 class ExitCode:
+    """The exit status of ``simdist fuzz`` (and ``run_campaign``'s ``exit_code``)."""
+
     CLEAN = 0
     FAILED = 1  # a property of the target failed
     USAGE = 2  # bad arguments, or a target that cannot be collected
@@ -51,6 +53,8 @@ class ExitCode:
 
 @dataclass
 class CampaignConfig:
+    """One campaign, as ``simdist fuzz``'s options describe it (same names, same defaults)."""
+
     targets: Sequence[str]
     budget: float = 60.0
     seed: int | None = None
@@ -73,6 +77,8 @@ class CampaignConfig:
 
 @dataclass
 class CampaignResult:
+    """What ``run_campaign`` returns: the exit status, what was seen, and where the logs are."""
+
     exit_code: int
     stats: CampaignStats
     elapsed: float
@@ -310,6 +316,10 @@ def _write_cases(cfg: CampaignConfig, stats: CampaignStats, found: dict, problem
 
 
 def run_campaign(cfg: CampaignConfig) -> CampaignResult:
+    """Run one campaign in worker processes, print its summary and write its outputs.
+
+    What ``simdist fuzz`` does after parsing its options; a bad configuration
+    raises ``UsageError`` before any worker starts."""
     _validate(cfg)
     seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
     started = time.time()

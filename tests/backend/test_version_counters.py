@@ -126,7 +126,7 @@ def test_version_counters_move_as_on_gloo_op_by_op(gloo_table: list[dict[str, li
         assert set(sim[rank]) == set(gloo_table[rank])
         for op in gloo_table[rank]:
             assert sim[rank][op] == gloo_table[rank][op], f"rank {rank} {op}"
-    # The table the README states, so a change on either side is seen here.
+    # The moves docs/never-hang.md states, so a change on either side is seen here.
     assert gloo_table[0]["all_gather"] == [0, 1, 1, 1]
     assert gloo_table[0]["all_gather_into_tensor"] == [0, 3]  # one per member
     assert gloo_table[0]["all_reduce"] == [0] and gloo_table[1]["recv"] == [0]

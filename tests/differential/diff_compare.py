@@ -14,7 +14,7 @@ order the backend combines contributions in: copies, integer and bool
 reductions, MIN/MAX, small-integer data (exact in every dtype), and groups of
 two (addition and multiplication commute). Float SUM/AVG/PRODUCT of normal
 data over three or more ranks is compared within tolerance: gloo's order is
-its own (see the README's section on where simdist differs). The same holds
+its own (see docs/differences.md). The same holds
 for gradients of differentiable collectives whose backward is a sum.
 """
 

@@ -6,7 +6,7 @@ pins it (``test_known_differences.py``: the minimal program still shows the
 difference exactly as described, so an entry whose difference was fixed
 fails its pin and is removed). ``pending`` names the branch expected to remove
 the entry by fixing simdist; entries without it are documented, intended
-differences (README: "Where simdist differs from gloo and NCCL").
+differences (docs/differences.md, whose table tests/docs/test_differences_table.py keeps in step).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each entry of ``diff_known.KNOWN`` carries its minimal program; its pin runs
 that program on both worlds and checks that the comparison finds a
 difference the entry (and only the entry) explains. When simdist is fixed,
-the pin fails: remove the entry (and its README line).
+the pin fails: remove the entry (and its row in docs/differences.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every code block in README.md and docs/*.md runs as written.
+"""Every code block in README.md and the documentation site (docs/**/*.md) runs as written.
 
 Python blocks of a document run in order in one namespace, as a reader pastes
 them into one session (later blocks use what earlier ones defined); a
@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", re.M | re.S)
 _MARK = re.compile(r"<!-- *(doc-test: *)?(.*?) *-->\s*$")
 
@@ -69,8 +69,20 @@ def blocks(document: Path) -> list[Block]:
 ALL = [b for d in DOCUMENTS for b in blocks(d)]
 
 
+def _runs(b: Block) -> bool:
+    """A python block this test executes (not a test file, an excerpt or a skip)."""
+    return b.language == "python" and not b.mark.startswith(("skip", "pytest", "excerpt"))
+
+
+# Documents with python blocks to execute; pages without any (references, tables) have nothing to run.
+RUNNABLE = [d for d in DOCUMENTS if any(_runs(b) for b in ALL if b.document == d)]
+
+
 def test_the_documents_have_code_blocks_and_skips_give_reasons():
     assert len(ALL) >= 8 and any(b.document.parent.name == "docs" for b in ALL)
+    # The front page and the pages that teach the API show code that runs.
+    for name in ("README.md", "using.md", "never-hang.md", "campaigns.md", "fuzzing.md"):
+        assert any(d.name == name for d in RUNNABLE), f"{name}: no runnable python block"
     for b in ALL:
         if b.mark.startswith("skip"):
             assert len(b.mark.split(maxsplit=1)) == 2, f"{b.where}: a skip without a reason"
@@ -85,14 +97,12 @@ def _run_properties(namespace: dict, before: dict) -> None:
             quick(obj)()
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=[d.name for d in DOCUMENTS])
+@pytest.mark.parametrize("document", RUNNABLE, ids=[d.name for d in RUNNABLE])
 def test_python_blocks_run_as_written(document, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # blocks that write files write them here
     session: dict = {"__name__": "__doc_session__"}
     ran = 0
-    for b in (b for b in ALL if b.document == document and b.language == "python"):
-        if b.mark.startswith(("skip", "pytest", "excerpt")):
-            continue
+    for b in (b for b in ALL if b.document == document and _runs(b)):
         namespace = {"__name__": "__doc_module__"} if b.mark.startswith("module") else session
         try:
             before = dict(namespace)

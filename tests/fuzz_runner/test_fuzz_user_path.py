@@ -280,14 +280,14 @@ def test_damaged_case_files_are_unusable_naming_the_file_and_field(tmp_path):
 # -- 7: the console script finds the user's modules as python -m does ------------------------
 
 
-def readme_block_after(marker: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def docs_block_after(marker: str, page: str = "docs/campaigns.md") -> str:
+    text = (ROOT / page).read_text()
     start = text.index("```python", text.index(marker)) + len("```python\n")
     return text[start : text.index("```", start)]
 
 
-def test_the_readme_database_recipe_works_from_the_console_script(tmp_path):
-    (tmp_path / "fuzzdb.py").write_text(readme_block_after("<!-- fuzzdb.py -->"))
+def test_the_docs_database_recipe_works_from_the_console_script(tmp_path):
+    (tmp_path / "fuzzdb.py").write_text(docs_block_after("<!-- fuzzdb.py -->"))
     proc = run_cli(
         "fuzz",
         "--budget",

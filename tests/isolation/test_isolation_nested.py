@@ -1,6 +1,6 @@
 """A run started inside a rank (a nested run): where its ranks' generators start.
 
-The README promises: the inner run's ranks start from the generator state of
+docs/scheduling.md promises: the inner run's ranks start from the generator state of
 the outermost caller (the values the outer run captured at its start), not
 from the state of the rank that started the inner run; and the outer ranks'
 own state is untouched by the inner run.

@@ -276,7 +276,7 @@ def lets_an_outsider_draw_body(
 
 
 def test_a_thread_outside_the_run_draws_from_the_executing_ranks_generator() -> None:
-    """Pinned, as the README documents: the process has one torch generator.
+    """Pinned, as docs/scheduling.md documents: the process has one torch generator.
     While a rank of a scheduled run executes it holds that rank's state, so a
     thread outside the run that draws then draws from the rank's stream (and
     the rank's next draws are shifted); its own stream is not the process's.
