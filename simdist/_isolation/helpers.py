@@ -29,7 +29,7 @@ from .._core import identity
 from .._core.records import ThreadExit
 from .._core.scheduler import Scheduler
 from .._core.slots import HelperSlot
-from . import c10d_state, logging_locks, patches
+from . import c10d_state, logging_locks, patches, profiler
 
 _originals: dict[str, Any] = {}
 
@@ -93,6 +93,7 @@ def _start(self: threading.Thread) -> None:
 
 def _helper_ended(scheduler: Scheduler, rank: int, helper: HelperSlot) -> None:
     logging_locks.release_if_stopped()  # a stop may have landed just after logging took a lock
+    profiler.close_left_open()  # the process's one profiling session must not stay taken
     scheduler.remove_helper(rank, helper)
 
 
