@@ -178,3 +178,27 @@ def test_fresh_cache_renews_each_kind() -> None:
     assert torch_caches.fresh_cache({"a": 1}) == {}
     with pytest.raises(TypeError, match="not a cache simdist knows how to renew: list"):
         torch_caches.fresh_cache([])
+
+
+def test_caches_are_per_rank_when_a_rank_imports_dtensor_first() -> None:
+    """A test module that imports DTensor lazily: the caches' module is first
+    imported inside a rank, and each rank must still get its own."""
+    program = f"""
+import sys
+sys.path.insert(0, {str(WALK.parent)!r})
+import torch, simdist
+assert "torch.distributed.tensor" not in sys.modules
+from test_torch_caches import _local, _redistribute
+assert "torch.distributed.tensor" not in sys.modules
+mesh, shape, src, dst = (2, 2), (7, 5), (0, 0), (1, 0)
+results = simdist.run(_redistribute, world_size=4, args=(mesh, shape, src, [dst]), timeout=120)
+full = torch.arange(35, dtype=torch.float64).view(shape)
+for rank, locals_ in enumerate(results):
+    want = _local(full, divmod(rank, 2), mesh, dst)
+    assert all(torch.equal(g.double(), want) for g in locals_), (rank, locals_, want)
+print("OK")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-3000:]
