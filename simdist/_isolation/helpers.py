@@ -12,7 +12,8 @@ a rank blocked only when its main thread and every live helper wait.
 Helpers do not take the run token: they run alongside whichever rank holds
 it. Joining a helper (``Thread.join()``) or waiting on a ``Future``
 (``result()``/``exception()`` without a timeout) from a rank is a wait in
-simdist, so it gives up the token and the deadlock check sees it.
+simdist, so it gives up the token and the deadlock check sees it; except
+inside torch.compile's compilation, which keeps the token (``compiling``).
 
 The patches are installed for the duration of runs only; threads started
 outside any rank are untouched.
@@ -29,7 +30,7 @@ from .._core import identity
 from .._core.records import ThreadExit
 from .._core.scheduler import Scheduler
 from .._core.slots import HelperSlot
-from . import c10d_state, logging_locks, patches
+from . import c10d_state, compiling, logging_locks, patches, profiler
 
 _originals: dict[str, Any] = {}
 
@@ -93,6 +94,7 @@ def _start(self: threading.Thread) -> None:
 
 def _helper_ended(scheduler: Scheduler, rank: int, helper: HelperSlot) -> None:
     logging_locks.release_if_stopped()  # a stop may have landed just after logging took a lock
+    profiler.close_left_open()  # the process's one profiling session must not stay taken
     scheduler.remove_helper(rank, helper)
 
 
@@ -109,7 +111,7 @@ def forget_at_exit(thread_ids: set[int]) -> None:
 def _join(self: threading.Thread, timeout: float | None = None) -> None:
     info = getattr(self, "_simdist_helper", None)
     owner = _owner()
-    if info is not None and owner is not None and timeout is None:
+    if info is not None and owner is not None and timeout is None and not compiling.holds_compile_lock():
         scheduler, rank, helper = info
         world, me = owner
         if world.scheduler is scheduler and me == rank and self is not threading.current_thread():
@@ -202,6 +204,8 @@ def _future_wait(future: concurrent.futures.Future, timeout: float | None) -> No
     owner = _owner()
     if owner is None or timeout is not None or future.done() or getattr(future, "_simdist_foreign", False):
         return
+    if compiling.holds_compile_lock():
+        return  # a rank compiling keeps the token (see ``compiling``)
     world, rank = owner
     scheduler: Scheduler = world.scheduler
     waitable = _FutureDone(rank, future)

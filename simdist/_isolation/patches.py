@@ -15,6 +15,10 @@ While runs are in progress simdist changes things a process has once:
 5. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
    ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
    that make threads a rank starts the rank's (``helpers``).
+6. ``profiler``: ``torch.autograd.profiler``'s ``_prepare_profiler``,
+   ``_enable_profiler`` and ``_disable_profiler``, so that a second thread
+   opening a profiler session while one is open is refused instead of
+   crashing the interpreter (``profiler``).
 
 ``ORDER`` is the one list (each module registers its patch under its name,
 with the attributes it replaces, so this module imports none of them): each
@@ -61,7 +65,7 @@ class Patch:
 
 
 # Installed in this order, removed in the reverse one.
-ORDER = ("import hook", "c10d routing", "prefix store", "debugger", "helper threads")
+ORDER = ("import hook", "c10d routing", "prefix store", "debugger", "helper threads", "profiler")
 RUN_PATCHES = ORDER[1:]  # what every run needs (the import hook: only runs that may import Megatron)
 _BY_NAME: dict[str, Patch] = {}
 

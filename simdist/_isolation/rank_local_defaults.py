@@ -16,6 +16,9 @@ unmodified code fail or give wrong results when shared is listed here:
 * DTensor's random-op tracker (``torch.distributed.tensor._random._rng_tracker``)
   is created by a process's first random op on a DTensor and holds that
   process's generator offsets.
+* torch.distributed's caches whose keys are equal across ranks while their
+  values are rank-specific (DTensor's redistribute planner, ...): each rank
+  starts with empty ones (the audit and its reasons: ``torch_caches``).
 * Megatron-core keeps its process groups, ranks and buffers in the module globals
   of ``megatron.core.parallel_state``: ``initialize_model_parallel`` on a
   second rank fails with "... is already initialized", and every getter would
@@ -40,7 +43,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import patches
+from . import patches, torch_caches
 from .slots import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
 
 # Megatron-core modules whose globals are process state (see the module doc).
@@ -96,6 +99,8 @@ def _watched(name: str) -> Callable[[types.ModuleType], _Slot] | None:
     """The slot maker of a watched module (``MEGATRON_MODULES`` read now: tests swap it)."""
     if name in _DTENSOR_WATCHED:
         return _DTENSOR_WATCHED[name]
+    if name in torch_caches.MODULES:
+        return torch_caches.module_slot
     return _module_slot if name in MEGATRON_MODULES else None
 
 
@@ -196,7 +201,10 @@ def _late_module_slot(name: str, release: Any) -> _Slot:
         if slot is not None:
             slot.set(slot.copy(_fresh_globals.fresh[name]) if value is _NOT_YET else value)
 
-    slot_name = module_slot_name(name) if name in MEGATRON_MODULES else _DTENSOR_NAMES[name]
+    if name in MEGATRON_MODULES:
+        slot_name = module_slot_name(name)
+    else:
+        slot_name = _DTENSOR_NAMES.get(name) or torch_caches.slot_name(name)
     return _Slot(slot_name, get, set_, lambda v: v, fingerprint, close=release)
 
 
@@ -235,6 +243,15 @@ def default_slots(taken: set[str]) -> list[_Slot]:
         slots.append(_attr_slot(tracker_module, "_rng_tracker"))
     elif tracker_module is None and "torch.distributed.tensor" not in sys.modules:
         late.append("torch.distributed.tensor._random")
+    for name in torch_caches.MODULES:
+        # (A module the caller lists in rank_local is swapped whole, caches included.)
+        if module_slot_name(name) in taken:
+            continue
+        module = sys.modules.get(name)
+        if module is not None:
+            slots.append(torch_caches.module_slot(module))
+        else:
+            late.append(name)
     for name in MEGATRON_MODULES:
         if module_slot_name(name) in taken:
             continue

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from . import profiler
+
 __all__ = ["forget_thread_caches", "thread_state"]
 
 _autocast_devices = ("cpu", "cuda")
@@ -30,6 +32,7 @@ def forget_thread_caches() -> None:
     are the ended run's, so a reused thread would hand a rank the last
     run's process groups."""
     torch._C._clear_DTensor_sharding_propagator_cache()
+    profiler.close_left_open()  # a session left open must not profile the next run's rank
 
 
 def thread_state() -> tuple[Any, ...]:

@@ -1,0 +1,72 @@
+"""torch.compile under the default schedule (simdist/_isolation/compiling.py).
+
+Dynamo compiles under one process-wide lock and inductor waits on its
+compile pool's Futures with the lock held. Such a wait used to give up the
+run token, and the next rank then blocked on the lock while holding it: with
+a cold compile cache the world stalled until the watchdog ("rank [0] never
+got the run token back"). The fast test recreates the pattern with the lock
+itself; the slow one compiles for real with a fresh cache directory."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import simdist
+from simdist._isolation import compiling
+
+
+def _locked_pool_wait(ctx: simdist.RankContext) -> int:
+    from torch._dynamo.convert_frame import compile_lock
+
+    with compile_lock:  # what a rank compiling a frame holds
+        if ctx.rank == 0:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                # inductor's async_compile.wait: a Future of the rank's own pool
+                assert pool.submit(time.sleep, 0.2).result() is None
+        return ctx.rank
+
+
+def test_a_rank_waiting_on_its_pool_inside_the_compile_lock_keeps_the_token() -> None:
+    assert simdist.run(_locked_pool_wait, world_size=2, timeout=30) == [0, 1]
+
+
+def test_holds_compile_lock_reads_the_calling_threads_ownership() -> None:
+    from torch._dynamo.convert_frame import compile_lock
+
+    assert not compiling.holds_compile_lock()
+    with compile_lock:
+        assert compiling.holds_compile_lock()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            assert pool.submit(compiling.holds_compile_lock).result() is False
+    assert not compiling.holds_compile_lock()
+
+
+@pytest.mark.slow
+def test_two_ranks_compile_with_a_cold_cache_under_the_default_schedule(tmp_path: Path) -> None:
+    program = textwrap.dedent(
+        """
+        import torch, simdist
+
+        def body(ctx):
+            f = torch.compile(lambda x: (x * 2 + 1).sin())
+            return f(torch.full((4,), float(ctx.rank)))
+
+        out = simdist.run(body, world_size=2, timeout=240)
+        want = [(torch.full((4,), float(r)) * 2 + 1).sin() for r in range(2)]
+        assert all(torch.allclose(o, w) for o, w in zip(out, want)), out
+        print("OK")
+        """
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=400, env=env, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
