@@ -36,13 +36,6 @@ class Refusals(_Group):
             )
         )
 
-    def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
-        raise _refused(
-            UnsupportedOperationError(
-                "all_gather_coalesced (deprecated in torch) is not supported by simdist"
-            )
-        )
-
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
         raise _refused(
             UnsupportedOperationError("monitored_barrier is not supported by simdist; use barrier()")
