@@ -106,11 +106,27 @@ class Detector:
                     waits.update(self._graph_from_locked(r))
             return (waits, []) if waits else None
         waits = {
-            r: slots.thread_waits(r)
+            r: self._thread_waits_locked(r)
             for r, s in enumerate(ranks)
             if s.state is RankState.WAITING and not slots.progressing(r)
         }
         return waits, [r for r, s in enumerate(ranks) if s.helpers and r not in waits]
+
+    def _thread_waits_locked(self, rank: int) -> list[list[int]]:
+        """What each waiting thread of ``rank`` needs, its main thread first.
+
+        A wait that any one of its ranks can end (a recv without ``src``:
+        ``needs_any``) counts as one alternative per rank, as if each were a
+        thread of its own: the rank can complete when any alternative can.
+        """
+        lists: list[list[int]] = []
+        for _, waitable in self._slots.waiting_threads(rank):
+            needed = list(waitable.needed_ranks())
+            if getattr(waitable, "needs_any", False) and needed:
+                lists += [[p] for p in needed]
+            else:
+                lists.append(needed)
+        return lists
 
     def _waiters_on_locked(self, rank: int) -> list[int]:
         """The waiting ranks whose call needs ``rank``."""
@@ -139,7 +155,7 @@ class Detector:
             r = todo.pop()
             if r in waits or slots.progressing(r):
                 continue
-            lists = slots.thread_waits(r)
+            lists = self._thread_waits_locked(r)
             waits[r] = lists
             todo += [p for needed in lists for p in needed if slots.ranks[p].state is RankState.WAITING]
         return waits
@@ -213,8 +229,9 @@ class Detector:
         slots = self._slots
         for r in lone:
             for helper, waitable in slots.waiting_threads(r):
-                bad = sorted(p for p in waitable.needed_ranks() if p != r and (p in stuck or p in slots.gone))
-                if bad:
+                needed = [p for p in waitable.needed_ranks() if p != r]
+                bad = sorted(p for p in needed if p in stuck or p in slots.gone)
+                if bad and (len(bad) == len(needed) or not getattr(waitable, "needs_any", False)):
                     self._interrupt_thread_locked(
                         r, helper, self._thread_error_locked(r, helper, waitable, bad)
                     )
