@@ -63,6 +63,7 @@ class PointToPoint(_Group):
     _scheduler: Scheduler
     _global_rank: int
     _info: GroupInfo
+    timeout: float | None
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -91,7 +92,9 @@ class PointToPoint(_Group):
         )
         self._world.before_p2p(op)
         self._scheduler.post_p2p(op, deliver)
-        return _AnySourceWork(self._scheduler, self._global_rank, op, [t])
+        work = _AnySourceWork(self._scheduler, self._global_rank, op, [t])
+        work.timeout = self.timeout
+        return work
 
     def _own_tensor(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         """The call's one dense tensor, from one of this rank's own threads."""
@@ -103,7 +106,9 @@ class PointToPoint(_Group):
     def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
         self._world.before_p2p(op)
         self._scheduler.post_p2p(op, deliver)
-        return SimWork(self._scheduler, self._global_rank, op, [t])
+        work = SimWork(self._scheduler, self._global_rank, op, [t])
+        work.timeout = self.timeout
+        return work
 
     def _peer(self, group_rank: int, op: str, arg: str) -> int:
         if not 0 <= group_rank < self.size():

@@ -27,11 +27,13 @@ from .buffers import bump, detached
 from .coalesced import Coalesced
 from .current import _check_caller, _current, _refused
 from .dispatch import Completion
+from .monitored import monitored_barrier
 from .ops import OPS, SPARSE, OpSpec, Whole
 from .p2p import PointToPoint
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
 from .refused import Refusals
 from .shadow import modes_active, show
+from .timeouts import seconds_of
 from .validation import group_sized, member_list, one, root_in_group, root_list, same_dtype, shape
 from .work import SimWork, all_of
 from .world_hooks import WorldHooks
@@ -60,6 +62,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         self._name = GroupName(group.name)
         self._desc = "undefined"
         self._backend_name = BACKEND_NAME
+        self.timeout: float | None = None  # an explicit timeout= of the group, in seconds
 
     # c10d stores names in the C++ backend, which a Python group does not have.
     # The name c10d resolves groups by (functional collectives, DTensor) is
@@ -82,6 +85,11 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return self._backend_name
+
+    def model_timeout(self, seconds: float) -> None:
+        """The group was made with an explicit ``timeout=``: its waits time out as
+        gloo's do, the moment they can never complete (see ``timeouts``)."""
+        self.timeout = seconds
 
     def report_backend_as(self, name: str) -> None:
         """The backend name the program asked for ("gloo"), reported instead of "simdist"."""
@@ -132,7 +140,10 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             bumps += spec.avg_bumps
         if bumps:
             bump(result, bumps)
-        return SimWork(self._scheduler, self._global_rank, pending, result)
+        work = SimWork(self._scheduler, self._global_rank, pending, result)
+        if self.timeout is not None:
+            work.timeout = self.timeout
+        return work
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
         try:
@@ -381,4 +392,11 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "barrier", opts)
-        return self._collective(OPS["barrier"], (), {}, [])
+        work = self._collective(OPS["barrier"], (), {}, [])
+        seconds = seconds_of(getattr(opts, "timeout", None))
+        if seconds is not None:
+            work.timeout = seconds
+        return work
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        monitored_barrier(self, timeout, wait_all_ranks)

@@ -26,10 +26,5 @@ else:
 class Refusals(_Group):
     """``SimProcessGroup``'s refused calls."""
 
-    def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
-        raise _refused(
-            UnsupportedOperationError("monitored_barrier is not supported by simdist; use barrier()")
-        )
-
     def _start_coalescing(self, device: Any) -> None:
         raise _refused(UnsupportedOperationError("coalescing managers are not supported by simdist"))

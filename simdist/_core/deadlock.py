@@ -49,6 +49,9 @@ class Detector:
         self._aborts = aborts
         self._findings = findings
         self._describe_rank = describe_rank
+        # rank -> (the wait its main thread makes with a timeout, the timeout
+        # in seconds, the error that wait raises when it times out)
+        self.timed: dict[int, tuple[Waitable, float, Callable[[], BaseException]]] = {}
 
     def report_locked(self, headline: str) -> str:
         return world_report_locked(headline, self._slots, self._p2p, self._describe_rank)
@@ -76,8 +79,47 @@ class Detector:
         if stuck:
             # One list per rank: the ranks any of its threads needs (what reports show).
             graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
-            self._tell_stuck_locked(graph, stuck)
+            if self.timed:
+                stuck = self._time_out_locked(waits, graph, stuck)
+            if stuck:
+                self._tell_stuck_locked(graph, stuck)
         return False
+
+    # -- waits with a timeout -----------------------------------------------------
+
+    def _time_out_locked(self, waits: Waits, graph: dict[int, list[int]], stuck: set[int]) -> set[int]:
+        """Time out the stuck waits that carry a timeout, shortest first, as the
+        clock would; return the ranks deadlocked whatever those do next.
+
+        A rank whose wait times out runs on, so the ranks that need it may yet
+        complete: they keep waiting (and are looked at again once it waits or
+        leaves). Ranks that cannot complete even so, and whose waits carry no
+        timeout, are deadlocked; a timed wait among them times out next.
+        """
+        ranks = self._slots.ranks
+        fired: set[int] = set()
+        left = stuck
+        while True:
+            timed = {
+                r: self.timed[r] for r in left if r in self.timed and ranks[r].waiting_on is self.timed[r][0]
+            }
+            if not timed:
+                return left
+            first = min(seconds for _, seconds, _ in timed.values())
+            for r, (waitable, seconds, make_error) in sorted(timed.items()):
+                if seconds != first:
+                    continue
+                fired.add(r)
+                report = self.report_locked(
+                    f"rank {r} ({self._describe_rank(r)}) waits in {waitable.describe()} with a "
+                    f"timeout of {seconds:g} s, which can never complete (the ranks it needs: "
+                    f"{graph.get(r, [])}): its timeout error is delivered at once"
+                )
+                error = make_error()
+                error.__cause__ = DeadlockError(report)
+                self._turns.interrupt_main_locked(r, error)
+            rest = {r: waits[r] for r in left if r not in fired}
+            left = cannot_complete_threads(rest, lambda p: p in fired or self._slots.progressing(p))
 
     def _candidates_locked(
         self, trigger: int | None, defer: bool, left: int | None

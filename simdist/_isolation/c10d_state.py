@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed.distributed_c10d as c10d
 
@@ -158,6 +158,12 @@ def _new_process_group_helper(
     )
     if asked is not backend:
         _report_backend_as(made[0], asked)
+    timeout = kwargs.get("timeout", args[3] if len(args) > 3 else None)
+    simdist_world = not global_ranks and str(asked) == "simdist"  # simdist.run's own world group
+    if timeout is not None and timeout != c10d.default_pg_timeout and not simdist_world:
+        model = getattr(made[0], "model_timeout", None)
+        if model is not None:
+            model(timeout.total_seconds())
     return made
 
 
@@ -175,7 +181,7 @@ def _report_backend_as(pg: Any, asked: Any) -> None:
     entry = world.pg_map.get(pg)
     if entry is not None:
         world.pg_map[pg] = (name, entry[1])
-    world.pg_backend_config[pg] = str(c10d.BackendConfig(name))
+    world.pg_backend_config[pg] = str(c10d.BackendConfig(cast(Any, name)))  # a device map is no Backend
     report = getattr(pg, "report_backend_as", None)
     if report is not None:
         report(str(name))
