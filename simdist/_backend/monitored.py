@@ -8,15 +8,29 @@ monitoredBarrier in 1000 ms"). A rank that arrives late, however late, passes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from .._core.scheduler import Scheduler
 from .timeouts import close_group, ms, transport_timeout, wait_timed
+from .work import SimWork
 
-if TYPE_CHECKING:
-    from .process_group import SimProcessGroup
+
+class SimProcessGroup(Protocol):
+    """What the barrier needs of the group (the process group imports this module)."""
+
+    timeout: float | None
+    _scheduler: Scheduler
+    _global_rank: int
+
+    def rank(self) -> int: ...
+    def size(self) -> int: ...
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork: ...
+    def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork: ...
+
 
 # The tag of the barrier's messages: one no program uses (torch passes
 # non-negative tags), so they never match a program's own send or recv.
