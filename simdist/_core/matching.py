@@ -170,17 +170,6 @@ class P2PTable:
                     failed.append(op)
         return failed
 
-    def withdraw_locked(self, op: P2POp) -> bool:
-        """Take a queued ``op`` out unmatched (its wait timed out); False when
-        it is not queued (already matched)."""
-        key = (op.group.name, op.src, op.dst, op.tag)
-        queue = (self.sends if op.kind == "send" else self.recvs).get(key)
-        if not queue or op not in queue:
-            return False
-        queue.remove(op)
-        self._posted.pop(op, None)
-        return True
-
     def waiters_on_locked(self, rank: int, slots: Slots) -> list[int]:
         """Waiting ranks whose unmatched send or recv has ``rank`` as its peer."""
         ranks = slots.ranks

@@ -172,9 +172,24 @@ def any_source_body(ctx: Any) -> list[tuple[int, float]] | None:
 
 @pytest.mark.parametrize("schedule", ["default", "random"])
 def test_recv_any_source_takes_the_lowest_ranked_waiting_sender(schedule: str) -> None:
-    extra = {} if schedule == "default" else {"schedule": "random", "seed": 3}
+    extra = {} if schedule == "default" else {"schedule": "random", "schedule_seed": 3}
     got = simdist.run(any_source_body, world_size=4, timeout=TIMEOUT, **extra)
     assert got[0] == [(1, 1.0), (2, 2.0), (3, 3.0), (3, -1.0)]
+
+
+def first_sender_body(ctx: Any) -> list[int] | None:
+    if ctx.rank == 0:
+        return [dist.recv(torch.zeros(1)) for _ in range(2)]
+    dist.send(torch.zeros(1), 0)
+    return None
+
+
+def test_explore_varies_which_sender_an_any_source_recv_takes() -> None:
+    # Rank order: rank 0 waits first, rank 1 sends first. Another schedule
+    # lets rank 2 send first: the match follows the schedule, and only it.
+    assert simdist.run(first_sender_body, world_size=3, timeout=TIMEOUT)[0] == [1, 2]
+    found = simdist.explore(first_sender_body, world_size=3, schedules=20, timeout=TIMEOUT)
+    assert found.found and found.outcome[0] == [2, 1]
 
 
 def any_source_late_body(ctx: Any) -> int | None:
