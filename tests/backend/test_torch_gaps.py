@@ -56,6 +56,23 @@ def test_groups_report_the_backend_the_program_asked_for() -> None:
     assert got == [("gloo", "gloo", "cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl", "simdist")] * 2
 
 
+def ddp_on_gloo_group_body(ctx: Any) -> list[float]:
+    group = dist.new_group(backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1), process_group=group)
+    model(torch.full((1, 2), float(ctx.rank + 1))).sum().backward()
+    weight = model.module.weight.grad
+    assert weight is not None
+    return weight.flatten().tolist()
+
+
+def test_ddp_on_a_group_asked_for_as_gloo() -> None:
+    # DDP's C++ logger reads getBackendName(): for "gloo" it would look up a
+    # gloo backend the group does not have, so that one keeps "simdist".
+    got = simdist.run(ddp_on_gloo_group_body, world_size=2, timeout=TIMEOUT)
+    assert got == [[1.5, 1.5]] * 2  # the weight's gradient averaged over inputs 1 and 2
+
+
 # -- torch's _find_or_create_pg_by_ranks_and_tag ------------------------------------------
 
 
