@@ -17,7 +17,7 @@ called with the world's lock held.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..errors import DeadlockError, PeerFailedError, mark_consequence
 from .matching import CollectiveTable, P2PTable
@@ -80,14 +80,14 @@ class Detector:
             # One list per rank: the ranks any of its threads needs (what reports show).
             graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
             if self.timed:
-                stuck = self._time_out_locked(waits, graph, stuck)
+                stuck = self._time_out_locked(waits, stuck)
             if stuck:
                 self._tell_stuck_locked(graph, stuck)
         return False
 
     # -- waits with a timeout -----------------------------------------------------
 
-    def _time_out_locked(self, waits: Waits, graph: dict[int, list[int]], stuck: set[int]) -> set[int]:
+    def _time_out_locked(self, waits: Waits, stuck: set[int]) -> set[int]:
         """Time out the stuck waits that carry a timeout, shortest first, as the
         clock would; return the ranks deadlocked whatever those do next.
 
@@ -96,30 +96,44 @@ class Detector:
         leaves). Ranks that cannot complete even so, and whose waits carry no
         timeout, are deadlocked; a timed wait among them times out next.
         """
-        ranks = self._slots.ranks
         fired: set[int] = set()
         left = stuck
         while True:
-            timed = {
-                r: self.timed[r] for r in left if r in self.timed and ranks[r].waiting_on is self.timed[r][0]
-            }
+            timed = self._timed_among_locked(left)
             if not timed:
                 return left
-            first = min(seconds for _, seconds, _ in timed.values())
-            for r, (waitable, seconds, make_error) in sorted(timed.items()):
-                if seconds != first:
-                    continue
-                fired.add(r)
-                report = self.report_locked(
-                    f"rank {r} ({self._describe_rank(r)}) waits in {waitable.describe()} with a "
-                    f"timeout of {seconds:g} s, which can never complete (the ranks it needs: "
-                    f"{graph.get(r, [])}): its timeout error is delivered at once"
-                )
-                error = make_error()
-                error.__cause__ = DeadlockError(report)
-                self._turns.interrupt_main_locked(r, error)
+            fired.update(self._fire_shortest_locked(timed))
             rest = {r: waits[r] for r in left if r not in fired}
             left = cannot_complete_threads(rest, lambda p: p in fired or self._slots.progressing(p))
+
+    def _timed_among_locked(
+        self, ranks: Iterable[int]
+    ) -> dict[int, tuple[Waitable, float, Callable[[], BaseException]]]:
+        """The ranks of ``ranks`` whose main thread waits with a timeout."""
+        slots = self._slots.ranks
+        return {
+            r: self.timed[r] for r in ranks if r in self.timed and slots[r].waiting_on is self.timed[r][0]
+        }
+
+    def _fire_shortest_locked(
+        self, timed: dict[int, tuple[Waitable, float, Callable[[], BaseException]]]
+    ) -> set[int]:
+        """Time out the waits of ``timed`` with the shortest timeout; return their ranks."""
+        first = min(seconds for _, seconds, _ in timed.values())
+        fired = set()
+        for r, (waitable, seconds, make_error) in sorted(timed.items()):
+            if seconds != first:
+                continue
+            fired.add(r)
+            report = self.report_locked(
+                f"rank {r} ({self._describe_rank(r)}) waits in {waitable.describe()} with a "
+                f"timeout of {seconds:g} s, which can never complete (it needs rank(s) "
+                f"{sorted(waitable.needed_ranks())}): its timeout error is delivered at once"
+            )
+            error = make_error()
+            error.__cause__ = DeadlockError(report)
+            self._turns.interrupt_main_locked(r, error)
+        return fired
 
     def _candidates_locked(
         self, trigger: int | None, defer: bool, left: int | None
@@ -325,6 +339,11 @@ class Detector:
             w = slots.ranks[r].waiting_on
             if isinstance(w, ThreadExit) and not w.needed_ranks():
                 return  # a Future is done, its callbacks are about to wake the waiter
+        timed = self._timed_among_locked(stuck)
+        if timed:
+            # A timed wait ends, and its rank runs on: the others may yet wake.
+            self._fire_shortest_locked(timed)
+            return
         error = DeadlockError(
             self.report_locked(
                 "deadlock: every live rank is waiting and none can run; rank(s) "

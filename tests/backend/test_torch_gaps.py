@@ -303,6 +303,23 @@ def test_the_shortest_timeout_fires_and_the_rank_it_rescues_completes() -> None:
     assert simdist.run(rescue_body, world_size=2, timeout=TIMEOUT) == [("RuntimeError", 0.0), ("ok", 7.0)]
 
 
+def store_waiters_body(ctx: Any) -> str:
+    # The others wait on a store key only rank 0 sets, after its barrier
+    # timed out (as PyTorch's harness does): no wait-for edge names rank 0.
+    timed = dist.new_group(timeout=timedelta(seconds=1))
+    store = c10d._get_default_store()
+    if ctx.rank == 0:
+        kind, _ = _caught(lambda: dist.barrier(group=timed))
+        store.set("timed out", kind)
+        return kind
+    store.wait(["timed out"])
+    return store.get("timed out").decode()
+
+
+def test_a_timed_wait_fires_when_the_others_wait_on_the_store() -> None:
+    assert simdist.run(store_waiters_body, world_size=3, timeout=TIMEOUT) == ["RuntimeError"] * 3
+
+
 def completes_late_body(ctx: Any) -> str:
     timed = dist.new_group([0, 1], timeout=timedelta(seconds=0.01))
     if ctx.rank == 1:
