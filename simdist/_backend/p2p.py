@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .. import stacks
+from .._core.matching import ANY_SOURCE, AnySourceRecv
 from .._core.records import GroupInfo, P2POp
 from .._core.scheduler import Scheduler
 from ..errors import CollectiveMismatchError
@@ -25,6 +26,20 @@ if TYPE_CHECKING:
     _Group = dist.ProcessGroup
 else:
     _Group = object
+
+
+class _AnySourceWork(SimWork):
+    """An any-source recv's handle: ``_source_rank()`` is the sender's group rank."""
+
+    def __init__(
+        self, scheduler: Scheduler, rank: int, op: AnySourceRecv, result: list[torch.Tensor]
+    ) -> None:
+        super().__init__(scheduler, rank, op, result)
+        self._op = op
+
+    def _source_rank(self) -> int:
+        self.wait()
+        return self._op.group.ranks.index(self._op.src)
 
 
 def deliver(send: P2POp, recv: P2POp) -> None:
@@ -48,6 +63,7 @@ class PointToPoint(_Group):
     _scheduler: Scheduler
     _global_rank: int
     _info: GroupInfo
+    timeout: float | None
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -65,6 +81,21 @@ class PointToPoint(_Group):
         op = P2POp("recv", self._info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
         return self._post(op, t)
 
+    def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> SimWork:
+        """A recv from any other member: the match rule is ``AnySourceRecv``'s
+        (the lowest-ranked sender already waiting, else the first to send)."""
+        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
+            show(self, "recv_anysource", tensors, tag)
+        t = self._own_tensor(tensors, "recv")
+        op = AnySourceRecv(
+            "recv", self._info, ANY_SOURCE, self._global_rank, tag, t.data, stacks.call_site(2)
+        )
+        self._world.before_p2p(op)
+        self._scheduler.post_p2p(op, deliver)
+        work = _AnySourceWork(self._scheduler, self._global_rank, op, [t])
+        work.timeout = self.timeout
+        return work
+
     def _own_tensor(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         """The call's one dense tensor, from one of this rank's own threads."""
         t: torch.Tensor = one(tensors, op)
@@ -75,7 +106,9 @@ class PointToPoint(_Group):
     def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
         self._world.before_p2p(op)
         self._scheduler.post_p2p(op, deliver)
-        return SimWork(self._scheduler, self._global_rank, op, [t])
+        work = SimWork(self._scheduler, self._global_rank, op, [t])
+        work.timeout = self.timeout
+        return work
 
     def _peer(self, group_rank: int, op: str, arg: str) -> int:
         if not 0 <= group_rank < self.size():

@@ -27,13 +27,15 @@ from .buffers import bump, detached
 from .coalesced import Coalesced
 from .current import _check_caller, _current, _refused
 from .dispatch import Completion
-from .ops import OPS, OpSpec
+from .monitored import monitored_barrier
+from .ops import OPS, SPARSE, OpSpec, Whole
 from .p2p import PointToPoint
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
 from .refused import Refusals
 from .shadow import modes_active, show
+from .timeouts import seconds_of
 from .validation import group_sized, member_list, one, root_in_group, root_list, same_dtype, shape
-from .work import SimWork
+from .work import SimWork, all_of
 from .world_hooks import WorldHooks
 
 BACKEND_NAME = "simdist"
@@ -59,6 +61,8 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         self._seq = 0
         self._name = GroupName(group.name)
         self._desc = "undefined"
+        self._backend_name = BACKEND_NAME
+        self.timeout: float | None = None  # an explicit timeout= of the group, in seconds
 
     # c10d stores names in the C++ backend, which a Python group does not have.
     # The name c10d resolves groups by (functional collectives, DTensor) is
@@ -79,8 +83,23 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._desc
 
+    # c10d's C++ side (DDP's logger) reads getBackendName() and, for "gloo",
+    # looks up a gloo backend this group does not have: it keeps the true
+    # name. Python code reads _get_backend_name(): the name the program asked for.
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return self._backend_name
+
+    def model_timeout(self, seconds: float) -> None:
+        """The group was made with an explicit ``timeout=``: its waits time out as
+        gloo's do, the moment they can never complete (see ``timeouts``)."""
+        self.timeout = seconds
+
+    def report_backend_as(self, name: str) -> None:
+        """The backend name the program asked for ("gloo"), reported instead of "simdist"."""
+        self._backend_name = name
 
     @property
     def info(self) -> GroupInfo:
@@ -127,7 +146,10 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             bumps += spec.avg_bumps
         if bumps:
             bump(result, bumps)
-        return SimWork(self._scheduler, self._global_rank, pending, result)
+        work = SimWork(self._scheduler, self._global_rank, pending, result)
+        if self.timeout is not None:
+            work.timeout = self.timeout
+        return work
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
         try:
@@ -141,10 +163,25 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "allreduce", tensors, opts)
         t = one(tensors, "all_reduce")
+        if t.is_sparse:
+            return self._allreduce_sparse(t, opts)
         K.require_dense(t, "all_reduce", "tensor")
         red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("reduce_op", red))
         return self._collective(OPS["all_reduce"], fp, {T: t}, [t], red)
+
+    def _allreduce_sparse(self, t: torch.Tensor, opts: Any) -> SimWork:
+        red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
+        if red != "SUM":
+            # gloo's words and type; NCCL has no sparse all_reduce at all
+            raise _refused(
+                UnsupportedOperationError(
+                    "ProcessGroupGloo::allreduce: unsupported reduction operation (allreduce of "
+                    f"sparse tensors only works with ReduceOp.SUM), got ReduceOp.{red}"
+                )
+            )
+        fp = (("shape", shape(t)), ("dtype", t.dtype), ("layout", "sparse_coo"), ("reduce_op", red))
+        return self._collective(OPS["all_reduce_sparse"], fp, {SPARSE: Whole(t)}, [t], red)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -190,6 +227,32 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             "all_gather", "tensor_list", output_lists, self.size(), "tensor", t, list_first=True
         )
         return self._collective(OPS["all_gather"], (("dtype", t.dtype),), {T: t, OUTS: outs}, outs)
+
+    def allgather_coalesced(
+        self,
+        output_lists: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        opts: Any = None,
+    ) -> SimWork:
+        """``all_gather_coalesced`` (deprecated in torch): ``output_lists[r][i]``
+        receives input ``i`` of group rank ``r``, as gloo fills it. One
+        all_gather per input, waited for as one call."""
+        n = self.size()
+        if len(output_lists) != n:
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists, "
+                f"expected group size {n}"
+            )
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise ValueError(
+                    f"all_gather_coalesced: output_tensor_lists[{r}] has {len(outs)} tensors, "
+                    f"expected one per input tensor ({len(inputs)})"
+                )
+        works: list[dist.Work] = [
+            self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(inputs)
+        ]
+        return all_of(self._scheduler, self._global_rank, works, [t for outs in output_lists for t in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -335,4 +398,11 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "barrier", opts)
-        return self._collective(OPS["barrier"], (), {}, [])
+        work = self._collective(OPS["barrier"], (), {}, [])
+        seconds = seconds_of(getattr(opts, "timeout", None))
+        if seconds is not None:
+            work.timeout = seconds
+        return work
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        monitored_barrier(self, timeout, wait_all_ranks)

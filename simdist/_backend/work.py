@@ -10,6 +10,7 @@ import torch.distributed as dist
 from .._core.records import Waitable
 from .._core.scheduler import Scheduler
 from .current import _check_caller
+from .timeouts import seconds_of, wait_with_timeout
 
 
 class SimWork(dist.Work):
@@ -29,10 +30,18 @@ class SimWork(dist.Work):
         self._waitable = waitable
         self._result = result or []
 
+    # The group's (or barrier's) explicit timeout in seconds, if any (see timeouts).
+    timeout: float | None = None
+
     def wait(self, timeout: Any = None) -> bool:
         if self._waitable is not None:
             _check_caller(self._scheduler, self._rank, "Work.wait")
-            self._scheduler.wait(self._rank, self._waitable)
+            explicit = seconds_of(timeout)
+            seconds = explicit or self.timeout
+            if seconds is None:
+                self._scheduler.wait(self._rank, self._waitable)
+            else:
+                wait_with_timeout(self._scheduler, self._rank, self._waitable, seconds, explicit is not None)
         return True
 
     def is_completed(self) -> bool:

@@ -17,7 +17,7 @@ called with the world's lock held.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..errors import DeadlockError, PeerFailedError, mark_consequence
 from .matching import CollectiveTable, P2PTable
@@ -49,6 +49,9 @@ class Detector:
         self._aborts = aborts
         self._findings = findings
         self._describe_rank = describe_rank
+        # rank -> (the wait its main thread makes with a timeout, the timeout
+        # in seconds, the error that wait raises when it times out)
+        self.timed: dict[int, tuple[Waitable, float, Callable[[], BaseException]]] = {}
 
     def report_locked(self, headline: str) -> str:
         return world_report_locked(headline, self._slots, self._p2p, self._describe_rank)
@@ -76,8 +79,61 @@ class Detector:
         if stuck:
             # One list per rank: the ranks any of its threads needs (what reports show).
             graph = {r: sorted({p for needed in lists for p in needed}) for r, lists in waits.items()}
-            self._tell_stuck_locked(graph, stuck)
+            if self.timed:
+                stuck = self._time_out_locked(waits, stuck)
+            if stuck:
+                self._tell_stuck_locked(graph, stuck)
         return False
+
+    # -- waits with a timeout -----------------------------------------------------
+
+    def _time_out_locked(self, waits: Waits, stuck: set[int]) -> set[int]:
+        """Time out the stuck waits that carry a timeout, shortest first, as the
+        clock would; return the ranks deadlocked whatever those do next.
+
+        A rank whose wait times out runs on, so the ranks that need it may yet
+        complete: they keep waiting (and are looked at again once it waits or
+        leaves). Ranks that cannot complete even so, and whose waits carry no
+        timeout, are deadlocked; a timed wait among them times out next.
+        """
+        fired: set[int] = set()
+        left = stuck
+        while True:
+            timed = self._timed_among_locked(left)
+            if not timed:
+                return left
+            fired.update(self._fire_shortest_locked(timed))
+            rest = {r: waits[r] for r in left if r not in fired}
+            left = cannot_complete_threads(rest, lambda p: p in fired or self._slots.progressing(p))
+
+    def _timed_among_locked(
+        self, ranks: Iterable[int]
+    ) -> dict[int, tuple[Waitable, float, Callable[[], BaseException]]]:
+        """The ranks of ``ranks`` whose main thread waits with a timeout."""
+        slots = self._slots.ranks
+        return {
+            r: self.timed[r] for r in ranks if r in self.timed and slots[r].waiting_on is self.timed[r][0]
+        }
+
+    def _fire_shortest_locked(
+        self, timed: dict[int, tuple[Waitable, float, Callable[[], BaseException]]]
+    ) -> set[int]:
+        """Time out the waits of ``timed`` with the shortest timeout; return their ranks."""
+        first = min(seconds for _, seconds, _ in timed.values())
+        fired = set()
+        for r, (waitable, seconds, make_error) in sorted(timed.items()):
+            if seconds != first:
+                continue
+            fired.add(r)
+            report = self.report_locked(
+                f"rank {r} ({self._describe_rank(r)}) waits in {waitable.describe()} with a "
+                f"timeout of {seconds:g} s, which can never complete (it needs rank(s) "
+                f"{sorted(waitable.needed_ranks())}): its timeout error is delivered at once"
+            )
+            error = make_error()
+            error.__cause__ = DeadlockError(report)
+            self._turns.interrupt_main_locked(r, error)
+        return fired
 
     def _candidates_locked(
         self, trigger: int | None, defer: bool, left: int | None
@@ -106,11 +162,27 @@ class Detector:
                     waits.update(self._graph_from_locked(r))
             return (waits, []) if waits else None
         waits = {
-            r: slots.thread_waits(r)
+            r: self._thread_waits_locked(r)
             for r, s in enumerate(ranks)
             if s.state is RankState.WAITING and not slots.progressing(r)
         }
         return waits, [r for r, s in enumerate(ranks) if s.helpers and r not in waits]
+
+    def _thread_waits_locked(self, rank: int) -> list[list[int]]:
+        """What each waiting thread of ``rank`` needs, its main thread first.
+
+        A wait that any one of its ranks can end (a recv without ``src``:
+        ``needs_any``) counts as one alternative per rank, as if each were a
+        thread of its own: the rank can complete when any alternative can.
+        """
+        lists: list[list[int]] = []
+        for _, waitable in self._slots.waiting_threads(rank):
+            needed = list(waitable.needed_ranks())
+            if getattr(waitable, "needs_any", False) and needed:
+                lists += [[p] for p in needed]
+            else:
+                lists.append(needed)
+        return lists
 
     def _waiters_on_locked(self, rank: int) -> list[int]:
         """The waiting ranks whose call needs ``rank``."""
@@ -139,7 +211,7 @@ class Detector:
             r = todo.pop()
             if r in waits or slots.progressing(r):
                 continue
-            lists = slots.thread_waits(r)
+            lists = self._thread_waits_locked(r)
             waits[r] = lists
             todo += [p for needed in lists for p in needed if slots.ranks[p].state is RankState.WAITING]
         return waits
@@ -213,8 +285,9 @@ class Detector:
         slots = self._slots
         for r in lone:
             for helper, waitable in slots.waiting_threads(r):
-                bad = sorted(p for p in waitable.needed_ranks() if p != r and (p in stuck or p in slots.gone))
-                if bad:
+                needed = [p for p in waitable.needed_ranks() if p != r]
+                bad = sorted(p for p in needed if p in stuck or p in slots.gone)
+                if bad and (len(bad) == len(needed) or not getattr(waitable, "needs_any", False)):
                     self._interrupt_thread_locked(
                         r, helper, self._thread_error_locked(r, helper, waitable, bad)
                     )
@@ -266,6 +339,11 @@ class Detector:
             w = slots.ranks[r].waiting_on
             if isinstance(w, ThreadExit) and not w.needed_ranks():
                 return  # a Future is done, its callbacks are about to wake the waiter
+        timed = self._timed_among_locked(stuck)
+        if timed:
+            # A timed wait ends, and its rank runs on: the others may yet wake.
+            self._fire_shortest_locked(timed)
+            return
         error = DeadlockError(
             self.report_locked(
                 "deadlock: every live rank is waiting and none can run; rank(s) "

@@ -10,12 +10,39 @@ with the world's lock held.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import SimulationError
 from .records import Call, GroupInfo, P2POp, PendingCollective, RankState
 from .slots import Slots
 
 Channel = tuple[str, int, int, int]  # (group name, src, dst, tag)
+
+ANY_SOURCE = -1  # the src of a recv that takes any sender, until it is matched
+
+
+@dataclass(eq=False)
+class AnySourceRecv(P2POp):
+    """A recv without ``src``: any other member of the group may complete it.
+
+    Its ``src`` is ``ANY_SOURCE`` until a send is matched, then that sender's
+    global rank (what ``Work._source_rank`` reports, as a group rank).
+    """
+
+    needs_any = True  # any one of needed_ranks() can complete it (deadlock reads this)
+
+    def needed_ranks(self) -> Sequence[int]:
+        if self.done:
+            return ()
+        if self.src != ANY_SOURCE:
+            return [self.src]
+        return [r for r in self.group.ranks if r != self.dst]
+
+    def describe(self) -> str:
+        if self.src == ANY_SOURCE:
+            return f"recv from any rank (tag {self.tag}) on {self.group.describe()}"
+        return f"recv from any rank, matched rank {self.src} (tag {self.tag}) on {self.group.describe()}"
 
 
 class CollectiveTable:
@@ -84,23 +111,61 @@ class P2PTable:
         self.sends: dict[Channel, deque[P2POp]] = {}
         self.recvs: dict[Channel, deque[P2POp]] = {}
         self._on: dict[int, set[Channel]] = {}
+        # Posting order of the queued ops, for a send that two recvs accept.
+        self._posted: dict[P2POp, int] = {}
+        self._count = 0
 
     def post_locked(self, op: P2POp) -> P2POp | None:
-        """Queue ``op``, or take out and return the oldest opposite one it matches."""
+        """Queue ``op``, or take out and return the oldest opposite one it matches.
+
+        A recv without ``src`` (``AnySourceRecv``) takes the oldest send of the
+        lowest-ranked sender already queued to it; a send matches the recv
+        posted first among its channel's and the any-source recvs of its tag.
+        """
+        if isinstance(op, AnySourceRecv):
+            return self._post_any_locked(op)
         key = (op.group.name, op.src, op.dst, op.tag)
         mine, theirs = (self.sends, self.recvs) if op.kind == "send" else (self.recvs, self.sends)
         queue = theirs.get(key)
+        if op.kind == "send":
+            anyq = self.recvs.get((op.group.name, ANY_SOURCE, op.dst, op.tag))
+            if anyq and (not queue or self._posted[anyq[0]] < self._posted[queue[0]]):
+                queue = anyq
         if not queue:
+            self._count += 1
+            self._posted[op] = self._count
             mine.setdefault(key, deque()).append(op)
             self._on.setdefault(op.dst if op.kind == "send" else op.src, set()).add(key)
             return None
-        return queue.popleft()
+        other = queue.popleft()
+        self._posted.pop(other, None)
+        if isinstance(other, AnySourceRecv):
+            other.src = op.src
+        return other
+
+    def _post_any_locked(self, op: AnySourceRecv) -> P2POp | None:
+        name = op.group.name
+        for src in sorted(op.group.ranks):
+            queue = self.sends.get((name, src, op.dst, op.tag))
+            if queue:
+                op.src = src
+                other = queue.popleft()
+                self._posted.pop(other, None)
+                return other
+        key = (name, ANY_SOURCE, op.dst, op.tag)
+        self._count += 1
+        self._posted[op] = self._count
+        self.recvs.setdefault(key, deque()).append(op)
+        for peer in op.needed_ranks():
+            self._on.setdefault(peer, set()).add(key)
+        return None
 
     def fail_group_locked(self, name: str, error: BaseException) -> list[P2POp]:
         failed = []
         for table in (self.sends, self.recvs):
             for key in [k for k in table if k[0] == name]:
                 for op in table.pop(key):
+                    self._posted.pop(op, None)
                     op.error, op.done = error, True
                     failed.append(op)
         return failed

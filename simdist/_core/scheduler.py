@@ -287,6 +287,24 @@ class Scheduler:
             self._on_done(recv)
             self._turns.wake_locked(other.owner, other)
 
+    def wait_timed(
+        self, rank: int, waitable: Waitable, seconds: float, make_error: Callable[[], BaseException]
+    ) -> None:
+        """``wait`` with a timeout: should the wait never complete, it raises
+        ``make_error()`` at once (the deadlock report as its cause) instead of
+        ``DeadlockError``. simdist keeps no clock: a wait that can complete is
+        never timed out, however long it takes."""
+        if self._slots.ranks[rank].thread_id != threading.get_ident():
+            self.wait(rank, waitable)  # a helper thread's wait: deadlock detection as usual
+            return
+        with self._lock:
+            self._detector.timed[rank] = (waitable, seconds, make_error)
+        try:
+            self.wait(rank, waitable)
+        finally:
+            with self._lock:
+                self._detector.timed.pop(rank, None)
+
     def complete(self, rank: int, waitable: Waitable) -> None:
         """Mark a wait of ``rank`` outside collectives and P2P (a store key) done."""
         with self._lock:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed.distributed_c10d as c10d
 
@@ -147,14 +147,44 @@ _REAL_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl"}
 def _new_process_group_helper(
     group_size: int, group_rank: int, global_ranks: Any, backend: Any, *args: Any, **kwargs: Any
 ) -> Any:
+    asked = backend
     if me.c10d is not None and backend is not None:
         # "gloo", or a device map such as "cpu:gloo,cuda:nccl"
         names = {part.split(":")[-1].strip().lower() for part in str(backend).split(",")}
         if names <= _REAL_BACKENDS:
             backend = "simdist"
-    return _patched["_new_process_group_helper"](
+    made = _patched["_new_process_group_helper"](
         group_size, group_rank, global_ranks, backend, *args, **kwargs
     )
+    if asked is not backend:
+        _report_backend_as(made[0], asked)
+    timeout = kwargs.get("timeout", args[3] if len(args) > 3 else None)
+    simdist_world = not global_ranks and str(asked) == "simdist"  # simdist.run's own world group
+    if timeout is not None and timeout != c10d.default_pg_timeout and not simdist_world:
+        model = getattr(made[0], "model_timeout", None)
+        if model is not None:
+            model(timeout.total_seconds())
+    return made
+
+
+def _report_backend_as(pg: Any, asked: Any) -> None:
+    """Make a simulated group report the backend the program asked for.
+
+    Code branches on ``get_backend(group)`` (torch's ``monitored_barrier`` is
+    gloo-only, object collectives pick their device by it), which reads the
+    name c10d stored for the group, and on ``group._get_backend_name()``.
+    """
+    if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
+        return
+    name = str(asked) if ("," in str(asked) or ":" in str(asked)) else c10d.Backend(str(asked))
+    world = c10d._world
+    entry = world.pg_map.get(pg)
+    if entry is not None:
+        world.pg_map[pg] = (name, entry[1])
+    world.pg_backend_config[pg] = str(c10d.BackendConfig(cast(Any, name)))  # a device map is no Backend
+    report = getattr(pg, "report_backend_as", None)
+    if report is not None:
+        report(str(name))
 
 
 _WRAPPERS = {

@@ -59,6 +59,7 @@ class World(CallHooks):
                 self.states.restore_caller()
             raise
         self._groups: dict[str, SimGroup] = {}
+        self._named: dict[str, list[SimGroup]] = {}  # c10d name -> its groups (disjoint rank sets)
         self._groups_lock = threading.Lock()
         # The world group's global -> group rank map, the identity: one for
         # every rank instead of a copy each (O(world) memory per rank).
@@ -85,19 +86,27 @@ class World(CallHooks):
 
     def register_group(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo:
         with self._groups_lock:
-            info = self._groups.get(name)
-            if info is None:
-                label = "world" if ranks == tuple(range(self.world_size)) and name == "0" else f"group {name}"
-                info = SimGroup(name, ranks, label)
-                self._groups[name] = info
-            elif info.ranks != ranks:
+            named = self._named.setdefault(name, [])
+            for info in named:
+                if info.ranks == ranks:
+                    return info
+            clash = next((info for info in named if set(info.ranks) & set(ranks)), None)
+            if clash is not None:
                 error = CollectiveMismatchError(
                     f"rank {rank} created group {name!r} with ranks {list(ranks)}, but a peer "
-                    f"created it with ranks {list(info.ranks)}: every member must call "
+                    f"created it with ranks {list(clash.ranks)}: every member must call "
                     f"new_group with the same ranks, in the same order"
                 )
                 self.scheduler.record(rank, error)
                 raise error
+            # Disjoint rank sets under one c10d name are separate communicators:
+            # torch's _find_or_create_pg_by_ranks_and_tag has each rank create
+            # only its own set's group, so the sets' counters agree on the name.
+            key = name if not named else f"{name}[{','.join(map(str, ranks))}]"
+            label = "world" if ranks == tuple(range(self.world_size)) and name == "0" else f"group {name}"
+            info = SimGroup(key, ranks, label)
+            self._groups[key] = info
+            named.append(info)
             return info
 
     def label_group(self, name: str, label: str) -> None:

@@ -176,6 +176,12 @@ def test_bad_arguments_are_named_in_the_error(
             assert got == expected.format(rank=rank)
 
 
+def _max_options() -> dist.AllreduceOptions:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    return opts
+
+
 # Calls simdist refuses: the error is noted world-wide, so the run fails even
 # though the body catches it and goes on.
 REFUSED: list[tuple[str, Callable[[Any], Any], str]] = [
@@ -185,19 +191,9 @@ REFUSED: list[tuple[str, Callable[[Any], Any], str]] = [
         "all_reduce: simdist takes one tensor per rank per call, got 2",
     ),
     (
-        "recv from any source",
-        lambda pg: pg.recv_anysource([F32.clone()], 0),
-        "recv without src (any source) is not supported by simdist: its match would depend on thread timing; pass src=",
-    ),
-    (
-        "all_gather_coalesced",
-        lambda pg: pg.allgather_coalesced([[F32.clone()]], [F32]),
-        "all_gather_coalesced (deprecated in torch) is not supported by simdist",
-    ),
-    (
-        "monitored_barrier",
-        lambda pg: pg.monitored_barrier(),
-        "monitored_barrier is not supported by simdist; use barrier()",
+        "sparse all_reduce with MAX",
+        lambda pg: pg.allreduce([torch.ones(2).to_sparse()], _max_options()),
+        "allreduce of sparse tensors only works with ReduceOp.SUM",
     ),
     (
         "coalescing manager",

@@ -137,7 +137,7 @@ def gloo_group_body(ctx: simdist.RankContext) -> tuple[list[float], str]:
 
 def test_new_group_with_a_real_backend_name_is_simulated() -> None:
     helper = c10d._new_process_group_helper
-    assert simdist.run(gloo_group_body, world_size=2, timeout=20.0) == [([3.0], "simdist")] * 2
+    assert simdist.run(gloo_group_body, world_size=2, timeout=20.0) == [([3.0], "gloo")] * 2
     assert c10d._new_process_group_helper is helper, "put back after the run"
 
 
