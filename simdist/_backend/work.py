@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _sanitizer
 from .._core.records import Waitable
 from .._core.scheduler import Scheduler
 from .current import _check_caller
@@ -28,15 +29,24 @@ class SimWork(dist.Work):
         self._rank = rank
         self._waitable = waitable
         self._result = result or []
+        _sanitizer.issued(self, rank, waitable)  # in flight until waited
 
     def wait(self, timeout: Any = None) -> bool:
         if self._waitable is not None:
             _check_caller(self._scheduler, self._rank, "Work.wait")
-            self._scheduler.wait(self._rank, self._waitable)
+            try:
+                self._scheduler.wait(self._rank, self._waitable)
+            finally:
+                _sanitizer.waited(self, self._rank)
         return True
 
     def is_completed(self) -> bool:
-        return self._waitable is None or self._waitable.done
+        if self._waitable is None:
+            return True
+        if self._waitable.done:
+            _sanitizer.waited(self, self._rank)  # seeing it done is a wait
+            return True
+        return False
 
     def is_success(self) -> bool:
         return self.is_completed() and (self._waitable is None or self._waitable.error is None)
