@@ -35,6 +35,10 @@ class ThreadState(threading.local):
 
 here = ThreadState()
 
+# Ops checked against calls in flight, process-wide (tests read its growth to
+# know the sanitizer was active over real client code, not merely on).
+checked_ops = [0]
+
 
 class SanitizerMode(TorchDispatchMode):
     """One rank's mode (see the module's docstring)."""
@@ -52,6 +56,7 @@ class SanitizerMode(TorchDispatchMode):
                     # A tensor subclass (DTensor, AsyncCollectiveTensor): let it
                     # run; the plain ops it runs come back here.
                     return NotImplemented
+            checked_ops[0] += 1
             _check(self.book.rank, entries, func, args, kwargs)
         here.dispatching += 1
         try:
