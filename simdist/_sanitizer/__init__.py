@@ -21,6 +21,7 @@ from torch._C import _len_torch_dispatch_stack
 from .._core import identity
 from .._core.records import P2POp, PendingCollective
 from .book import RankBook
+from .group_order import GroupOrder
 from .mode import here
 
 __all__ = ["body_returned", "helper_started", "issued", "quietly", "rank_left", "waited"]
@@ -36,7 +37,8 @@ def _books(world: Any) -> Any:
         if options is None or not options.check_async:
             books = False
         else:
-            books = [RankBook(r, options.strict_async) for r in range(world.world_size)]
+            order = GroupOrder() if options.check_group_order else None
+            books = [RankBook(r, options.strict_async, order) for r in range(world.world_size)]
         world.__dict__[_KEY] = books
     return books
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
+from .._core.records import PendingCollective
 from ..errors import AsyncRaceError, UnwaitedWorkWarning
+from .group_order import GroupOrder
 from .footprint import footprint, overlaps
 from .inflight import InFlight
 from .mode import SanitizerMode, here
@@ -18,14 +20,18 @@ from .stack import on_stack, push_bottom, remove
 class RankBook:
     """A rank's async calls not yet waited, in issue order, and its mode."""
 
-    def __init__(self, rank: int, strict: bool) -> None:
+    def __init__(self, rank: int, strict: bool, order: GroupOrder | None = None) -> None:
         self.rank = rank
         self.strict = strict
+        self.order = order
         self.entries: list[InFlight] = []
         self.mode = SanitizerMode(self)
 
     def issued(self, work: Any, waitable: Any) -> None:
-        self.entries.append(InFlight(work, self.rank, waitable))
+        entry = InFlight(work, self.rank, waitable)
+        if self.order is not None and self.entries and isinstance(waitable, PendingCollective):
+            self.order.issued(self.rank, entry, self.entries)
+        self.entries.append(entry)
         self.sync()
 
     def waited(self, work: Any) -> None:

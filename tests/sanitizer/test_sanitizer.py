@@ -271,3 +271,31 @@ def test_the_marker_has_it_on_by_default(ctx: simdist.RankContext) -> None:
     with pytest.raises(simdist.AsyncRaceError):
         t.clone()
     work.wait()
+
+
+# -- NCCL's cross-communicator order -------------------------------------------------------
+
+
+def opposite_orders(ctx: simdist.RankContext, fixed: bool) -> float:
+    a = dist.new_group([0, 1])
+    b = dist.new_group([0, 1])
+    x, y = torch.ones(2), torch.ones(2)
+    first, second = (a, b) if ctx.rank == 0 or fixed else (b, a)
+    w1 = dist.all_reduce(x if first is a else y, group=first, async_op=True)
+    w2 = dist.all_reduce(y if first is a else x, group=second, async_op=True)
+    w1.wait()
+    w2.wait()
+    return float(x.sum() + y.sum())
+
+
+def test_opposite_group_orders_are_refused_when_asked_for() -> None:
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(opposite_orders, world_size=2, args=(False,), check_group_order=True)
+    message = str(info.value.failures[1])
+    assert message.startswith("rank 1 issued its all_reduce on group ")
+    assert "rank 0 issued them in the opposite order" in message and "NCCL" in message
+    assert simdist.run(opposite_orders, world_size=2, args=(True,), check_group_order=True) == [8.0, 8.0]
+
+
+def test_opposite_group_orders_complete_as_on_gloo_by_default() -> None:
+    assert simdist.run(opposite_orders, world_size=2, args=(False,)) == [8.0, 8.0]
