@@ -34,13 +34,13 @@ def _install() -> None:
             resync()
 
     torch.autograd.graph._engine_run_backward = run_backward
-    torch.autograd._engine_run_backward = run_backward  # type: ignore[attr-defined]  # its own import of it
+    torch.autograd._engine_run_backward = run_backward  # its own import of it
 
 
 def _uninstall() -> None:
     original = _original.pop()
     torch.autograd.graph._engine_run_backward = original
-    torch.autograd._engine_run_backward = original  # type: ignore[attr-defined]  # its own import of it
+    torch.autograd._engine_run_backward = original  # its own import of it
 
 
 patches.register(

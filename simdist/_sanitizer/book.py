@@ -9,8 +9,8 @@ import torch
 
 from .._core.records import PendingCollective
 from ..errors import AsyncRaceError, UnwaitedWorkWarning
-from .group_order import GroupOrder
 from .footprint import footprint, overlaps
+from .group_order import GroupOrder
 from .inflight import InFlight
 from .mode import SanitizerMode, here
 from .report import unwaited_message

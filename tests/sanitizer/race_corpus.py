@@ -31,7 +31,9 @@ def case(fn: Case) -> Case:
 
 def _model(seed: int = 0) -> nn.Sequential:
     gen = torch.Generator().manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 8, dtype=torch.float64), nn.Tanh(), nn.Linear(8, 2, dtype=torch.float64))
+    model = nn.Sequential(
+        nn.Linear(4, 8, dtype=torch.float64), nn.Tanh(), nn.Linear(8, 2, dtype=torch.float64)
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
@@ -311,7 +313,9 @@ EXPECTED: dict[str, Callable[[], list[Any]]] = {
         1.0 - 0.1 * (torch.arange(8, dtype=F64) * 3).chunk(WORLD)[r] for r in range(WORLD)
     ],
     "funcol_result_used_through_elem_bypassing_the_wait": lambda: _rows(torch.tensor(12.0, dtype=F64)),
-    "raw_functional_op_read_before_wait_tensor": lambda: _rows(torch.tensor([[2.0], [2.0], [4.0], [4.0]], dtype=F64)),
+    "raw_functional_op_read_before_wait_tensor": lambda: _rows(
+        torch.tensor([[2.0], [2.0], [4.0], [4.0]], dtype=F64)
+    ),
     "batch_isend_irecv_halo_read_early": lambda: _rows(torch.full((3,), 2.0, dtype=F64)),
     "moe_tokens_used_before_all_to_all_completes": _all_to_all,
     "zero_grad_while_the_gradient_all_reduce_is_in_flight": lambda: _rows(torch.zeros(8, 4, dtype=F64)),
@@ -319,6 +323,11 @@ EXPECTED: dict[str, Callable[[], list[Any]]] = {
         torch.stack([torch.tensor(84.0, dtype=F64), (torch.arange(8, 12, dtype=F64) * 3).norm()])
     ),
     "loss_logged_before_its_all_reduce": lambda: _rows(torch.tensor(3.0, dtype=F64)),
-    "all_gather_input_scaled_in_place_before_the_wait": lambda: _rows(torch.tensor([1.0, 1.0, 2.0, 2.0], dtype=F64)),
-    "broadcast_weights_overwritten_by_local_init": lambda: [torch.zeros(3, dtype=F64), torch.full((3,), 5.0, dtype=F64)],
+    "all_gather_input_scaled_in_place_before_the_wait": lambda: _rows(
+        torch.tensor([1.0, 1.0, 2.0, 2.0], dtype=F64)
+    ),
+    "broadcast_weights_overwritten_by_local_init": lambda: [
+        torch.zeros(3, dtype=F64),
+        torch.full((3,), 5.0, dtype=F64),
+    ],
 }

@@ -9,6 +9,8 @@ leave nothing in flight).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -43,7 +45,7 @@ def test_fsdp2_with_explicit_prefetch(reshard: bool) -> None:
         for layer in layers:
             fully_shard(layer, reshard_after_forward=reshard)
         fully_shard(model)
-        for a, b in zip(layers, layers[1:]):
+        for a, b in itertools.pairwise(layers):
             a.set_modules_to_forward_prefetch([b])  # type: ignore[operator]  # FSDPModule's method
             b.set_modules_to_backward_prefetch([a])  # type: ignore[operator]  # FSDPModule's method
         train(model, slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS), ctx.world_size)
@@ -57,7 +59,9 @@ def test_fsdp2_with_explicit_prefetch(reshard: bool) -> None:
     assert ops_checked_since(before) > 0
 
 
-@pytest.mark.parametrize("name", ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"])
+@pytest.mark.parametrize(
+    "name", ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
+)
 def test_pipelining_schedules(name: str) -> None:
     from test_client_pipelining import MICRO, SCHEDULES, WORLD, pipeline_body, reference
 
@@ -86,7 +90,14 @@ def test_dtensor_tensor_parallel_block() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")  # still in wide use
-@pytest.mark.parametrize("name", ["funcol.all_gather_tensor_autograd", "funcol.reduce_scatter_tensor_autograd", "funcol.all_to_all_single_autograd"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "funcol.all_gather_tensor_autograd",
+        "funcol.reduce_scatter_tensor_autograd",
+        "funcol.all_to_all_single_autograd",
+    ],
+)
 def test_functional_collectives_with_autograd(name: str) -> None:
     from test_client_functional import WORLD, functional_body
 

@@ -37,7 +37,9 @@ def test_the_race_fails_at_its_line(name: str) -> None:
         message = str(error)
         assert message.startswith(f"rank {rank}: "), message
         # The racing op is named at its own line (a path relative to the working directory).
-        assert re.search(rf" at (\S*/)?{re.escape(racing_line(name))} ", message.split(", while ")[0]), message
+        assert re.search(rf" at (\S*/)?{re.escape(racing_line(name))} ", message.split(", while ")[0]), (
+            message
+        )
         assert "still in flight" in message and (" seq " in message or "(tag " in message), message
         assert "NCCL" in message and "gloo" in message, message
 
