@@ -16,15 +16,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from torch._C import _len_torch_dispatch_stack
+from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
 
 from .._core import identity
 from .._core.records import P2POp, PendingCollective
 from .book import RankBook
 from .group_order import GroupOrder
-from .mode import here
+from .mode import SanitizerMode, here
 
-__all__ = ["body_returned", "helper_started", "issued", "quietly", "rank_left", "waited"]
+__all__ = [
+    "body_returned",
+    "helper_started",
+    "issued",
+    "other_modes_active",
+    "quietly",
+    "rank_left",
+    "waited",
+]
 
 _KEY = "_simdist_sanitizer"  # the world's books, one per rank (False: the run turned it off)
 _R = TypeVar("_R")
@@ -76,6 +84,15 @@ def quietly(fn: Callable[..., _R], *args: Any) -> _R:
         return fn(*args)
     finally:
         here.quiet -= 1
+
+
+def other_modes_active() -> bool:
+    """Whether a dispatch mode other than the sanitizer's is on this thread's
+    stack (the modes simdist shows its collectives to, as gloo's path would)."""
+    n = _len_torch_dispatch_stack()
+    if not n:
+        return False
+    return any(not isinstance(_get_dispatch_stack_at(i), SanitizerMode) for i in range(n))
 
 
 def resync() -> None:

@@ -299,3 +299,21 @@ def test_opposite_group_orders_are_refused_when_asked_for() -> None:
 
 def test_opposite_group_orders_complete_as_on_gloo_by_default() -> None:
     assert simdist.run(opposite_orders, world_size=2, args=(False,)) == [8.0, 8.0]
+
+
+def test_a_call_issued_while_another_is_in_flight_is_not_shown_to_the_shadow_group() -> None:
+    # The shadow (what a user's dispatch mode sees) runs c10d's own checks,
+    # which refuse an empty all_to_all_single input simdist accepts: the
+    # sanitizer's mode alone must not send calls down that path.
+    def body(ctx: simdist.RankContext) -> list[float]:
+        pending = torch.ones(2)
+        work = dist.all_reduce(pending, async_op=True)
+        rows = [0, 0] if ctx.rank == 0 else [2, 1]  # rank 0's input is empty
+        send = torch.full((sum(rows), 1), float(ctx.rank + 1))
+        recv_rows = [0, 2] if ctx.rank == 0 else [0, 1]
+        out = torch.empty(sum(recv_rows), 1)
+        dist.all_to_all_single(out, send, recv_rows, rows)
+        work.wait()
+        return out.flatten().tolist()
+
+    assert simdist.run(body, world_size=2) == [[2.0, 2.0], [2.0]]
