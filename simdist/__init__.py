@@ -10,6 +10,7 @@ from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
 from .debug import dump
 from .errors import (
+    AsyncRaceError,
     BufferOverlapError,
     CollectiveMismatchError,
     DeadlockError,
@@ -18,6 +19,7 @@ from .errors import (
     SimulationError,
     SimulationTimeout,
     UnsupportedOperationError,
+    UnwaitedWorkWarning,
 )
 from .explore import Divergence, explore
 from .faults import Fault, FaultPlan, InjectedFault, UnfiredFaultPlanWarning
@@ -27,6 +29,7 @@ from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
 from .retry import RetryOutcome, run_with_retry
 
 __all__ = [
+    "AsyncRaceError",
     "BufferOverlapError",
     "CollectiveMismatchError",
     "CommCount",
@@ -52,6 +55,7 @@ __all__ = [
     "Tree",
     "UnfiredFaultPlanWarning",
     "UnsupportedOperationError",
+    "UnwaitedWorkWarning",
     "debug",
     "dump",
     "explore",

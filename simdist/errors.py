@@ -61,6 +61,19 @@ class UnsupportedOperationError(SimulationError, NotImplementedError):
     """A collective, option or dtype simdist does not model."""
 
 
+class AsyncRaceError(SimulationError):
+    """A rank touched a buffer of its own asynchronous collective or P2P call
+    before waiting for it (the collective sanitizer, ``check_async``); with
+    ``strict_async``, also a Work its rank never waited. The message names
+    the racing operation and line, the pending call and line, its group and
+    sequence number, and what a real backend does there."""
+
+
+class UnwaitedWorkWarning(UserWarning):
+    """An asynchronous Work its rank never waited (the rank ended, or returned
+    the Work's buffers); an ``AsyncRaceError`` with ``strict_async=True``."""
+
+
 # -- errors delivered because of another rank ------------------------------------
 #
 # A rank woken out of a wait because a peer failed (released by the deadlock

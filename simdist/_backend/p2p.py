@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import stacks
+from .. import _sanitizer, stacks
 from .._core.matching import ANY_SOURCE, AnySourceRecv
 from .._core.records import GroupInfo, P2POp
 from .._core.scheduler import Scheduler
@@ -55,6 +55,10 @@ def deliver(send: P2POp, recv: P2POp) -> None:
         dst.copy_(src.view(dst.shape))
 
 
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
 class PointToPoint(_Group):
     """``SimProcessGroup``'s send and recv: posted to the scheduler, which
     matches each with the oldest opposite call of the same pair and tag."""
@@ -70,7 +74,8 @@ class PointToPoint(_Group):
             show(self, "send", tensors, dst, tag)
         t = self._own_tensor(tensors, "send")
         peer = self._peer(dst, "send", "dst")
-        op = P2POp("send", self._info, self._global_rank, peer, tag, t.detach().clone(), stacks.call_site(2))
+        snapshot = _sanitizer.quietly(_snapshot, t)
+        op = P2POp("send", self._info, self._global_rank, peer, tag, snapshot, stacks.call_site(2))
         return self._post(op, t)
 
     def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork:
@@ -91,7 +96,7 @@ class PointToPoint(_Group):
             "recv", self._info, ANY_SOURCE, self._global_rank, tag, t.data, stacks.call_site(2)
         )
         self._world.before_p2p(op)
-        self._scheduler.post_p2p(op, deliver)
+        _sanitizer.quietly(self._scheduler.post_p2p, op, deliver)
         work = _AnySourceWork(self._scheduler, self._global_rank, op, [t])
         work.timeout = self.timeout
         return work
@@ -105,7 +110,7 @@ class PointToPoint(_Group):
 
     def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
         self._world.before_p2p(op)
-        self._scheduler.post_p2p(op, deliver)
+        _sanitizer.quietly(self._scheduler.post_p2p, op, deliver)
         work = SimWork(self._scheduler, self._global_rank, op, [t])
         work.timeout = self.timeout
         return work

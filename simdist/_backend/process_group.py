@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import GroupName
 
-from .. import stacks
+from .. import _sanitizer, stacks
 from .._core.records import Call, GroupInfo
 from .._core.scheduler import Scheduler
 from .._isolation.c10d_state import scoped_name
@@ -140,7 +140,8 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         )
         world.before_call(call, info, seq)
         done = Completion(spec, info, seq, world.reduction, red, root)
-        pending = self._scheduler.join_collective(info, seq, call, done, world.verify)
+        # The completion's tensor work is the backend's, not the rank's.
+        pending = _sanitizer.quietly(self._scheduler.join_collective, info, seq, call, done, world.verify)
         bumps = spec.version_bumps * (len(info.ranks) if spec.bumps_per_member else 1)
         if red == "AVG":
             bumps += spec.avg_bumps

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _sanitizer
 from .._core.records import Waitable
 from .._core.scheduler import Scheduler
 from .current import _check_caller
@@ -29,6 +30,7 @@ class SimWork(dist.Work):
         self._rank = rank
         self._waitable = waitable
         self._result = result or []
+        _sanitizer.issued(self, rank, waitable)  # in flight until waited
 
     # The group's (or barrier's) explicit timeout in seconds, if any (see timeouts).
     timeout: float | None = None
@@ -38,14 +40,22 @@ class SimWork(dist.Work):
             _check_caller(self._scheduler, self._rank, "Work.wait")
             explicit = seconds_of(timeout)
             seconds = explicit or self.timeout
-            if seconds is None:
-                self._scheduler.wait(self._rank, self._waitable)
-            else:
-                wait_with_timeout(self._scheduler, self._rank, self._waitable, seconds, explicit is not None)
+            try:
+                if seconds is None:
+                    self._scheduler.wait(self._rank, self._waitable)
+                else:
+                    wait_with_timeout(self._scheduler, self._rank, self._waitable, seconds, explicit is not None)
+            finally:
+                _sanitizer.waited(self, self._rank)
         return True
 
     def is_completed(self) -> bool:
-        return self._waitable is None or self._waitable.done
+        if self._waitable is None:
+            return True
+        if self._waitable.done:
+            _sanitizer.waited(self, self._rank)  # seeing it done is a wait
+            return True
+        return False
 
     def is_success(self) -> bool:
         return self.is_completed() and (self._waitable is None or self._waitable.error is None)

@@ -67,6 +67,9 @@ def _start(self: threading.Thread) -> None:
         identity.bind(world, rank, state, helper)
         scheduler.bind_helper(helper)
         try:
+            from .. import _sanitizer  # (the room above: imported once a helper runs)
+
+            _sanitizer.helper_started(world, rank)  # the rank's ops on this thread are checked too
             body()
         except BaseException as exc:
             world.helper_failed(rank, helper.name, exc)

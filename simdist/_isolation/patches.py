@@ -65,7 +65,15 @@ class Patch:
 
 
 # Installed in this order, removed in the reverse one.
-ORDER = ("import hook", "c10d routing", "prefix store", "debugger", "helper threads", "profiler")
+ORDER = (
+    "import hook",
+    "c10d routing",
+    "prefix store",
+    "debugger",
+    "helper threads",
+    "profiler",
+    "async sanitizer",
+)
 RUN_PATCHES = ORDER[1:]  # what every run needs (the import hook: only runs that may import Megatron)
 _BY_NAME: dict[str, Patch] = {}
 

@@ -23,7 +23,8 @@ MARKER = "simdist"
 MARKER_HELP = (
     "simdist(layout=Layout(...) | layouts=[...] | world_size=N, and any simdist.run option: "
     "reduction=, seed=, faults=, timeout=, trace=, schedule=, schedule_seed=, rank_local=, "
-    "share_args=, device=, flight_records=, attempt=, strict_call_sites=; sim_only=): "
+    "share_args=, device=, flight_records=, attempt=, strict_call_sites=, check_async=, strict_async=, "
+    "check_group_order=; sim_only=): "
     "run the test on every rank of each world; it receives ctx"
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")

@@ -92,6 +92,14 @@ class RunOptions:
     # sites is a CollectiveMismatchError. Read by the backend's fingerprint
     # check as ``world.options.strict_call_sites``.
     strict_call_sites: bool = False
+    # The collective sanitizer (simdist._sanitizer): an op that races with
+    # the rank's own async call in flight is an AsyncRaceError; a Work never
+    # waited is a warning, an error with strict_async; collectives issued
+    # async on two groups in opposite orders by two ranks are an error with
+    # check_group_order (always when a group asked for NCCL semantics).
+    check_async: bool = True
+    strict_async: bool = False
+    check_group_order: bool = False
     # debug hook: simdist.debug's options (checked when the run starts, and by the marker)
     post_mortem: bool | None = None
     break_at: Any = None
@@ -112,6 +120,9 @@ class RunOptions:
             check_trace_path(self.trace)
         check_bool("share_args", self.share_args)
         check_bool("strict_call_sites", self.strict_call_sites)
+        check_bool("check_async", self.check_async)
+        check_bool("strict_async", self.strict_async)
+        check_bool("check_group_order", self.check_group_order)
         check_debug_options(self.post_mortem, self.break_at, n)  # debug hook: refused before any rank starts
         check_int("seed", self.seed)
         check_int("attempt", self.attempt, minimum=0)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import stacks
+from .. import _sanitizer, stacks
 from .._backend.process_group import BACKEND_NAME
 from .._core import identity
 from .._core.frames import current_frames
@@ -99,6 +99,7 @@ class RankThreads:
             # no rank; keep backward on the rank's own thread.
             with torch.autograd.set_multithreading_enabled(False):
                 self.results[rank] = self._body(rank)
+                _sanitizer.body_returned(world, rank, self.results[rank])  # Works never waited
                 end_helpers(world, rank)
             world.scheduler.rank_finished(rank)
         except BaseException as exc:
@@ -110,6 +111,7 @@ class RankThreads:
                 world.scheduler.rank_failed(rank, exc)
         finally:
             # No stop request can land in this clean-up (see _core.identity).
+            _sanitizer.rank_left(world, rank)  # a pooled thread keeps no mode
             try:
                 identity.leave(_leave_rank)
             finally:

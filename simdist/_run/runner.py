@@ -55,6 +55,9 @@ def run(
     rank_local: Sequence[Any] = (),
     share_args: bool = False,
     strict_call_sites: bool = False,
+    check_async: bool = True,
+    strict_async: bool = False,
+    check_group_order: bool = False,
     post_mortem: bool | None = None,
     break_at: Mapping[str, Any] | str | None = None,
 ) -> list[Any]:
@@ -95,6 +98,13 @@ def run(
     unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
     ``strict_call_sites=True`` makes members that meet at one sequence number
     from different lines of code a ``CollectiveMismatchError``.
+    ``check_async=True`` (the default) runs the collective sanitizer: while a
+    rank's async collective or P2P is in flight, an operation of that rank
+    that reads its outputs or writes its buffers raises ``AsyncRaceError``
+    (docs/sanitizer.md); a Work never waited warns (``UnwaitedWorkWarning``),
+    or raises with ``strict_async=True``. ``check_group_order=True`` refuses
+    async collectives two ranks issue on two groups in opposite orders (a
+    deadlock on NCCL; always checked for groups created with backend "nccl").
     ``post_mortem=True`` opens pdb in a failing rank's own frame before its
     peers are released, the world paused; ``break_at={"rank": 1, "op":
     "all_reduce", "nth": 3}`` opens it just before that call (see
@@ -120,6 +130,9 @@ def run(
         rank_local=rank_local,
         share_args=share_args,
         strict_call_sites=strict_call_sites,
+        check_async=check_async,
+        strict_async=strict_async,
+        check_group_order=check_group_order,
         post_mortem=post_mortem,  # debug hook
         break_at=break_at,  # debug hook
     )

@@ -101,10 +101,24 @@ def test_a_patch_whose_install_fails_removes_those_installed_before_it(
 def test_leases_count_users_and_release_once() -> None:
     first = patches.lease()
     second = patches.lease()
-    assert patches.installed() == ["c10d routing", "prefix store", "debugger", "helper threads", "profiler"]
+    assert patches.installed() == [
+        "c10d routing",
+        "prefix store",
+        "debugger",
+        "helper threads",
+        "profiler",
+        "async sanitizer",
+    ]
     first.release()
     first.release()  # twice: nothing more
-    assert patches.installed() == ["c10d routing", "prefix store", "debugger", "helper threads", "profiler"]
+    assert patches.installed() == [
+        "c10d routing",
+        "prefix store",
+        "debugger",
+        "helper threads",
+        "profiler",
+        "async sanitizer",
+    ]
     second.release()
     assert patches.installed() == []
     with pytest.raises(ValueError, match="unknown simdist patch"):

@@ -1,0 +1,128 @@
+"""The collective sanitizer: a rank's ops racing with its own async calls in flight.
+
+While a rank has an async collective or P2P issued and not yet waited, its
+``RankBook`` (``book``) holds the call (``inflight``) and its dispatch mode
+(``mode``) is on the rank's thread: each op's tensor arguments, classified
+read or written from the op's schema (``accesses``), are compared by the
+memory they cover (``footprint``) with the call's buffers; a clash is an
+``AsyncRaceError`` (``report``). The backend calls in here: ``issued`` when
+it makes a Work, ``waited`` when the Work is waited, ``quietly`` around its
+own tensor work, and the rank's life calls ``body_returned`` and
+``rank_left``. See docs/sanitizer.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
+
+from .._core import identity
+from .._core.records import P2POp, PendingCollective
+from .book import RankBook
+from .group_order import GroupOrder
+from .mode import SanitizerMode, here
+
+__all__ = [
+    "body_returned",
+    "helper_started",
+    "issued",
+    "other_modes_active",
+    "quietly",
+    "rank_left",
+    "waited",
+]
+
+_KEY = "_simdist_sanitizer"  # the world's books, one per rank (False: the run turned it off)
+_R = TypeVar("_R")
+
+
+def _books(world: Any) -> Any:
+    books = world.__dict__.get(_KEY)
+    if books is None:
+        options = getattr(world, "options", None)
+        if options is None or not options.check_async:
+            books = False
+        else:
+            order = GroupOrder() if options.check_group_order else None
+            books = [RankBook(r, options.strict_async, order) for r in range(world.world_size)]
+        world.__dict__[_KEY] = books
+    return books
+
+
+def _book(rank: int) -> RankBook | None:
+    world = identity.me.world
+    if world is None:
+        return None
+    books = _books(world)
+    return books[rank] if books else None
+
+
+def issued(work: Any, rank: int, waitable: Any) -> None:
+    """A Work was made for a collective or P2P of ``rank``: in flight until waited."""
+    if not isinstance(waitable, (PendingCollective, P2POp)):
+        return  # a composite of other Works (coalesced forms): its parts are registered
+    book = _book(rank)
+    if book is not None:
+        book.issued(work, waitable)
+
+
+def waited(work: Any, rank: int) -> None:
+    book = _book(rank)
+    if book is not None and book.entries:
+        book.waited(work)
+
+
+def quietly(fn: Callable[..., _R], *args: Any) -> _R:
+    """``fn(*args)`` unseen by the sanitizer: simdist's own tensor work (a
+    completion writing outputs, a send's snapshot) is the backend, not the rank."""
+    if not _len_torch_dispatch_stack():
+        return fn(*args)
+    here.quiet += 1
+    try:
+        return fn(*args)
+    finally:
+        here.quiet -= 1
+
+
+def other_modes_active() -> bool:
+    """Whether a dispatch mode other than the sanitizer's is on this thread's
+    stack (the modes simdist shows its collectives to, as gloo's path would)."""
+    n = _len_torch_dispatch_stack()
+    if not n:
+        return False
+    return any(not isinstance(_get_dispatch_stack_at(i), SanitizerMode) for i in range(n))
+
+
+def resync() -> None:
+    """Put this thread's mode back in step with its rank's calls (after autograd
+    restored the thread's dispatch state it saved when backward began)."""
+    world = identity.me.world
+    if world is not None:
+        books = _books(world)
+        if books:
+            books[identity.me.rank].sync()
+
+
+def body_returned(world: Any, rank: int, result: Any) -> None:
+    books = _books(world)
+    if books:
+        books[rank].ended(result)
+
+
+def rank_left(world: Any, rank: int) -> None:
+    books = world.__dict__.get(_KEY)
+    if books:
+        books[rank].leave()
+
+
+def helper_started(world: Any, rank: int) -> None:
+    books = _books(world)
+    if books:
+        books[rank].pin()
+
+
+from . import backward as _backward  # noqa: E402  (registers its patch; needs resync above)
+
+del _backward

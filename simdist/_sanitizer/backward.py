@@ -1,0 +1,51 @@
+"""Autograd restores a thread's dispatch modes as they were when backward began.
+
+A collective issued inside backward (a gradient hook, DDP's reducer) puts the
+mode on the stack, and the engine's per-node state guard takes it off again:
+after backward the rank would run unchecked with its reductions in flight.
+This patch (process-wide, through ``_isolation.patches``) puts the mode back
+in step as ``backward()`` / ``autograd.grad()`` return.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch.autograd
+import torch.autograd.graph
+
+from .._isolation import patches
+
+_original: list[Any] = []
+
+
+def _install() -> None:
+    from . import resync
+
+    original = torch.autograd.graph._engine_run_backward
+    _original.append(original)
+
+    @functools.wraps(original)
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            resync()
+
+    torch.autograd.graph._engine_run_backward = run_backward
+    torch.autograd._engine_run_backward = run_backward  # its own import of it
+
+
+def _uninstall() -> None:
+    original = _original.pop()
+    torch.autograd.graph._engine_run_backward = original
+    torch.autograd._engine_run_backward = original  # its own import of it
+
+
+patches.register(
+    "async sanitizer",
+    _install,
+    _uninstall,
+    [(torch.autograd.graph, "_engine_run_backward"), (torch.autograd, "_engine_run_backward")],
+)

@@ -1,0 +1,53 @@
+"""NCCL's cross-communicator hazard: async calls on two groups issued in opposite orders.
+
+Rank 0 issues an async call on group A, then one on B with A still in flight;
+rank 1, a member of both, issues B's then A's. gloo completes both; on NCCL
+each communicator's kernel waits on its own stream for every member, and the
+two ranks' streams can each block on the call the other issued second: a
+hang. Checked when the run asks for it (``check_group_order=True``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..errors import AsyncRaceError
+from .inflight import InFlight
+
+Instance = tuple[str, int]  # (group name, sequence number)
+
+
+class GroupOrder:
+    """For each pair of call instances one rank had in flight together: who issued them in that order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._before: dict[tuple[Instance, Instance], tuple[int, str, str]] = {}
+
+    def issued(self, rank: int, new: InFlight, in_flight: list[InFlight]) -> None:
+        group = new.waitable.group
+        mine: Instance = (group.name, new.waitable.seq)
+        for old in in_flight:
+            old_group = getattr(old.waitable, "group", None)
+            seq = getattr(old.waitable, "seq", None)
+            if old_group is None or seq is None or old_group.name == group.name:
+                continue
+            theirs: Instance = (old_group.name, seq)
+            with self._lock:
+                other = self._before.get((mine, theirs))
+                if other is not None and other[0] != rank:
+                    raise AsyncRaceError(_message(rank, old, new, other))
+                self._before.setdefault((theirs, mine), (rank, old.describe(), new.describe()))
+
+
+def _message(rank: int, first: InFlight, second: InFlight, other: tuple[int, str, Any]) -> str:
+    peer, peer_first, peer_second = other
+    return (
+        f"rank {rank} issued its {second.describe()} (at {second.site}) while its "
+        f"{first.describe()} (at {first.site}) was in flight, but rank {peer} issued them in the "
+        f"opposite order ({peer_first}, then {peer_second}): on NCCL two communicators' kernels "
+        f"can each wait for the rank that issued the other first, a hang that gloo does not show. "
+        f"Issue collectives on different groups in the same order on every rank, or wait for the "
+        f"first before issuing the second."
+    )
