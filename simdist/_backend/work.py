@@ -44,7 +44,9 @@ class SimWork(dist.Work):
                 if seconds is None:
                     self._scheduler.wait(self._rank, self._waitable)
                 else:
-                    wait_with_timeout(self._scheduler, self._rank, self._waitable, seconds, explicit is not None)
+                    wait_with_timeout(
+                        self._scheduler, self._rank, self._waitable, seconds, explicit is not None
+                    )
             finally:
                 _sanitizer.waited(self, self._rank)
         return True
