@@ -67,6 +67,10 @@ def _start(self: threading.Thread) -> None:
         scheduler.bind_helper(helper)
         try:
             body()
+        except SystemExit:
+            # sys.exit()/_thread.exit() ends only this thread, silently, as in a
+            # process (threading's excepthook ignores SystemExit).
+            pass
         except BaseException as exc:
             world.helper_failed(rank, helper.name, exc)
         finally:
