@@ -196,7 +196,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             show(self, "all_gather_single", output, input, opts)
         same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
-        out_flat = K.flat(output, "all_gather_into_tensor output_tensor")
+        out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
         fp = (("shape", shape(input)), ("dtype", input.dtype))
         payload = {IN: input, OUT_FLAT: out_flat}
         return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output])
@@ -228,8 +228,10 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         same_dtype("reduce_scatter_tensor", "output", output, "input", input)
         group_sized("reduce_scatter_tensor", "input", input, "output", output, self.size())
         red = self._reduce_op(opts, output.dtype, "reduce_scatter_tensor")
-        in_flat = K.flat(input, "reduce_scatter_tensor input")
-        out_flat = K.flat(output, "reduce_scatter_tensor output")
+        in_flat = input if K.dense(input) else K.flat(input, "reduce_scatter_tensor input")
+        out_flat = (
+            output.view(-1) if output.is_contiguous() else _dense(output, "reduce_scatter_tensor output")
+        )
         fp = (("shape", shape(output)), ("dtype", output.dtype), ("reduce_op", red))
         payload = {IN: in_flat, OUT: out_flat}
         return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red)
@@ -336,3 +338,23 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "barrier", opts)
         return self._collective(OPS["barrier"], (), {}, [])
+
+
+def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
+    """A channels-last tensor as it is (gloo and NCCL take one); else ``flat``'s refusal."""
+    if not K.dense(t):
+        K.flat(t, what)
+    return t
+
+
+def _flat_or_blocks(output: torch.Tensor, op: str, what: str, size: int) -> torch.Tensor:
+    """A contiguous output as a flat view; a channels-last one as it is, its
+    slots being blocks of dim 0 (refused when dim 0 does not split so)."""
+    if output.is_contiguous():
+        return output.view(-1)
+    _dense(output, f"{op} {what}")
+    if output.shape[0] % size:
+        raise ValueError(
+            f"{op}: a channels-last {what} must split into {size} slots along dim 0, got shape {list(output.shape)}"
+        )
+    return output
