@@ -38,6 +38,7 @@ import atexit
 import contextvars
 import ctypes
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -196,6 +197,7 @@ class _Worker:
 
     def main(self) -> None:
         """A new thread's life: tasks until one cannot be followed by another."""
+        _keep_dump_signal_for_the_main_thread()
         self.thread = threading.current_thread()
         self.pristine = _thread_state(self.fingerprint)
         identity.mark_pooled(threading.get_ident())
@@ -283,6 +285,18 @@ class _Worker:
         self.parked = True
         _idle.append(self)
         return True
+
+
+def _keep_dump_signal_for_the_main_thread() -> None:
+    """Block SIGUSR1 in this rank thread (and so in every thread it starts,
+    which inherit its mask): the kernel then delivers a SIGUSR1 sent to the
+    process to a thread that takes it, the main thread, whose wait it
+    interrupts, so the stack dump (``debug._dump``) comes while the run is
+    stuck. Delivered to a rank thread, CPython only flags it for the main
+    thread, which runs the handler when its wait next returns: after the run."""
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is not None and hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {usr1})
 
 
 def _thread_state(fingerprint: Callable[[], Any]) -> Any:
