@@ -194,6 +194,10 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "all_gather_single", output, input, opts)
+        return self._all_gather_single(output, input)
+
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> SimWork:
+        """``all_gather_single`` past the modes (a coalesced call shows them one op for all)."""
         same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
         out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
@@ -225,6 +229,10 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce_scatter_single", output, input, opts)
+        return self._reduce_scatter_single(output, input, opts)
+
+    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
+        """``reduce_scatter_single`` past the modes (a coalesced call shows them one op for all)."""
         same_dtype("reduce_scatter_tensor", "output", output, "input", input)
         group_sized("reduce_scatter_tensor", "input", input, "output", output, self.size())
         red = self._reduce_op(opts, output.dtype, "reduce_scatter_tensor")
