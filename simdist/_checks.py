@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
+    "MAX_SECONDS",
     "check_bool",
     "check_choice",
     "check_int",
@@ -68,11 +69,19 @@ def check_int(
     raise error(f"{prefix}{name} must be {_int_wording(minimum, below)}, got {got}")
 
 
+# The longest wait simdist makes (about 31 years): a finite timeout past it
+# is a valid timeout that waits this long, as threading's waits refuse more
+# than TIMEOUT_MAX (OverflowError: timestamp out of range) and deadlines
+# are sums and differences of it.
+MAX_SECONDS = 1e9
+
+
 def check_positive_seconds(name: str, value: Any, *, prefix: str = "") -> float:
-    """A positive, finite number of seconds (a watchdog that never fires is no watchdog)."""
+    """A positive, finite number of seconds (a watchdog that never fires is no
+    watchdog), at most ``MAX_SECONDS``: a larger one reads as that."""
     if not is_number(value) or not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{prefix}{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return min(float(value), MAX_SECONDS)
 
 
 def check_bool(name: str, value: Any, *, prefix: str = "", wording: str = "True or False") -> bool:

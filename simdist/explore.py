@@ -10,7 +10,9 @@ that produce it, and each replays bitwise.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,9 +112,15 @@ def _outcome(body: Callable[..., Any], run_kwargs: dict[str, Any]) -> tuple[Any,
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (a NaN equals a NaN with the same bits; -0.0 is not 0.0)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout:
         return False
-    if a.layout != torch.strided or a.is_quantized or b.layout != torch.strided or b.is_quantized:
+    if a.layout == torch.sparse_coo:
+        # Canonical: coalesced, so the same tensor built in another order compares equal.
+        x, y = a.detach().coalesce(), b.detach().coalesce()
+        return _same_bits(x.indices(), y.indices()) and _same_bits(x.values(), y.values())
+    if a.layout != torch.strided:  # CSR, CSC, BSR, BSC: compared by their values where they lie
+        return _same_bits(a.detach().to_dense(), b.detach().to_dense())
+    if a.is_quantized or b.is_quantized:
         return bool(torch.equal(a, b))
     x, y = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
     if x.numel() == 0:
@@ -120,12 +128,40 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
 
 
+def _preview(t: torch.Tensor) -> list[Any]:
+    dense = t.detach().to_dense() if t.layout != torch.strided else t.detach()
+    return list(dense.flatten()[:4].tolist())
+
+
+def _is_array(value: Any) -> bool:
+    # numpy is looked up, never imported: a program that returns arrays has imported it.
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
+
+
+def _array_difference(a: Any, b: Any, where: str) -> str | None:
+    if not (_is_array(a) and _is_array(b)):
+        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{where}: array {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+    if a.dtype.hasobject:
+        return _first_difference(a.ravel().tolist(), b.ravel().tolist(), where)
+    if a.tobytes() != b.tobytes():  # bitwise, as tensors are
+        return f"{where}: arrays differ ({a.ravel()[:4].tolist()}... vs {b.ravel()[:4].tolist()}...)"
+    return None
+
+
+def _raising_ranks(exc: BaseException) -> tuple[int, ...]:
+    ranks = set(getattr(exc, "failures", None) or ()) | set(getattr(exc, "released", None) or ())
+    return tuple(sorted(ranks))
+
+
 def _first_difference(a: Any, b: Any, where: str = "results") -> str | None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{where}: {type(a).__name__} vs {type(b).__name__}"
         if not _same_bits(a, b):
-            return f"{where}: tensors differ ({a.flatten()[:4].tolist()}... vs {b.flatten()[:4].tolist()}...)"
+            return f"{where}: tensors differ ({_preview(a)}... vs {_preview(b)}...)"
         return None
     if isinstance(a, float) and isinstance(b, float):
         return None if struct.pack("<d", a) == struct.pack("<d", b) else f"{where}: {a!r} vs {b!r}"
@@ -134,6 +170,27 @@ def _first_difference(a: Any, b: Any, where: str = "results") -> str | None:
             return f"{where}: {len(a)} vs {len(b)} items"
         for i, (x, y) in enumerate(zip(a, b)):
             found = _first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if _is_array(a) or _is_array(b):
+        return _array_difference(a, b, where)
+    if isinstance(a, BaseException) or isinstance(b, BaseException):
+        if type(a) is not type(b):
+            return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+        ranks_a, ranks_b = _raising_ranks(a), _raising_ranks(b)
+        if ranks_a or ranks_b:  # a run's error: by its type and the ranks that raised (see RunError)
+            return (
+                None
+                if ranks_a == ranks_b
+                else f"{where}: {type(a).__name__} from ranks {ranks_a} vs {ranks_b}"
+            )
+        return _first_difference(list(a.args), list(b.args), f"{where}.args")
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        if type(a) is not type(b):
+            return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+        for field in dataclasses.fields(a):
+            found = _first_difference(getattr(a, field.name), getattr(b, field.name), f"{where}.{field.name}")
             if found:
                 return found
         return None

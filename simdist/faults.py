@@ -121,8 +121,12 @@ class Fault:
         return True
 
     def picks_call(self, op: str, group: Any, seq: int) -> bool:
-        """Whether a call matches; ``group`` is the communicator (its ``axes``)."""
+        """Whether a call matches; ``group`` is the communicator (its ``axes``).
+        A corrupt fault never matches a call that carries none of its rank's
+        data (a barrier, a recv: corrupt the matching send)."""
         if self.op is not None and op != self.op:
+            return False
+        if self.kind == "corrupt" and op in _SENDS_NOTHING:
             return False
         if self.group is not None and self.group not in group.axes:
             return False
@@ -309,9 +313,12 @@ class FaultState:
                 self._counts[(i, rank)] = n
                 if n == f.nth:
                     hits.append(f)
-        for f in hits:
-            self.fired.append(f"rank {rank}: {f.describe()} -> {op} on {group.describe()} seq {seq}")
         return hits
+
+    def fired_at(self, rank: int, fault: Fault, op: str, group: Any, seq: int) -> None:
+        """A fault ``due`` returned took effect (a corrupt one: it changed a bit)."""
+        with self._lock:
+            self.fired.append(f"rank {rank}: {fault.describe()} -> {op} on {group.describe()} seq {seq}")
 
     @property
     def never_fired(self) -> bool:

@@ -37,12 +37,21 @@ class Completion(OpArgs):
             if c.inference:
                 with torch.inference_mode():
                     self._complete(calls)
+                    self._land(calls)
                 return
         clash = overlap.find_clash(calls)
         if clash is None:
             self.spec.complete(calls, self)
         else:
             self._shared(calls, clash)
+        self._land(calls)
+
+    @staticmethod
+    def _land(calls: list[Call]) -> None:
+        # What a fault does to a member's result, once the result is there.
+        for c in calls:
+            if c.landing is not None:
+                c.landing()
 
     def _complete(self, calls: list[Call]) -> None:
         clash = overlap.find_clash(calls)

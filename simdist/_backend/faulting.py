@@ -1,4 +1,11 @@
-"""What a corrupt fault does to a rank's contribution (its keys come from the ops table)."""
+"""What a corrupt fault does to a rank's part of a call (its keys come from the ops table).
+
+A corrupt fault damages what its rank contributes to the call; on a rank that
+contributes nothing (a broadcast or scatter member other than the root) it
+damages what that rank receives, once the call has completed. Each function
+says whether it changed anything: a fault that changed nothing (an empty
+tensor, the sign of an integer 0) has not fired.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,18 @@ import torch
 from ..errors import UnsupportedOperationError
 from .ops import OPS
 
+# Ops whose data flows from the root alone: the other members send nothing.
+_FROM_ROOT = frozenset({"broadcast", "scatter"})
 
-def corrupt_contribution(op: str, payload: dict[str, Any], mode: str) -> None:
+
+def contributes(op: str, group_rank: int, fingerprint: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether the member at ``group_rank`` sends data of its own in this call."""
+    if op not in _FROM_ROOT:
+        return True
+    return dict(fingerprint).get("root") == group_rank
+
+
+def corrupt_contribution(op: str, payload: dict[str, Any], mode: str) -> bool:
     """Damage what a rank contributes to a call, leaving the caller's input
     buffer intact unless the op overwrites it anyway."""
     spec = OPS[op]
@@ -22,15 +39,30 @@ def corrupt_contribution(op: str, payload: dict[str, Any], mode: str) -> None:
         if not spec.sent_is_output:
             tensors = [t.clone() for t in tensors]
             payload[key] = tensors if isinstance(value, (list, tuple)) else tensors[0]
-        for t in tensors:
-            corrupt_(t, mode)
-        return
+        changed = [corrupt_(t, mode) for t in tensors]
+        return any(changed)
+    return False
 
 
-def corrupt_(t: torch.Tensor, mode: str) -> None:
-    """Damage the first element of ``t`` in place."""
+def corrupt_received(op: str, payload: dict[str, Any], mode: str) -> bool:
+    """Damage what a rank received from a completed call (its first output)."""
+    spec = OPS[op]
+    for key in sorted(spec.written | spec.updated):
+        value = payload.get(key)
+        if value is None:
+            continue
+        tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+        with torch.inference_mode(any(t.is_inference() for t in tensors)):
+            changed = [corrupt_(t, mode) for t in tensors]
+        return any(changed)
+    return False
+
+
+def corrupt_(t: torch.Tensor, mode: str) -> bool:
+    """Damage the first element of ``t`` in place; False when that changed no bit."""
     if t.numel() == 0:
-        return
+        return False
+    before = t.as_strided((1,), (1,)).clone()
     # A one-element view of element [0, ..., 0] whatever the strides
     # (reshape would copy a non-contiguous tensor, and the damage would be lost).
     first = t.as_strided((1,), (1,))
@@ -58,3 +90,8 @@ def corrupt_(t: torch.Tensor, mode: str) -> None:
             first.view(bits).bitwise_xor_(1 << (torch.finfo(t.dtype).bits - 2))
         else:
             first.bitwise_xor_(1)
+    after = t.as_strided((1,), (1,))
+    if after.dtype.is_floating_point or after.dtype.is_complex:
+        # Bit by bit: NaN never equals itself, and -0.0 equals 0.0.
+        return bool(before.view(torch.uint8).ne(after.view(torch.uint8)).any())
+    return bool(before.ne(after).any())

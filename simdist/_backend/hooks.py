@@ -17,7 +17,7 @@ from ..debug import _hooks as debug_hooks
 from ..errors import CollectiveMismatchError, SimulationError, mark_consequence
 from ..faults import BackendError, Fault, FaultState, InjectedFault
 from ..trace import Recorder, tensors_of
-from .faulting import corrupt_contribution
+from .faulting import contributes, corrupt_contribution, corrupt_received
 from .payload import T
 
 # How many meetings from different call sites a report lists.
@@ -52,7 +52,7 @@ class CallHooks:
             if self.faults is not None:
                 for fault in self.faults.due(call.rank, call.op, group, seq):
                     where = f"{call.op} on {group.describe()} seq {seq} (rank {call.rank}, {self.describe_rank(call.rank)})"
-                    self._apply(fault, where, group, call.op, call.payload, call, call.rank)
+                    self._apply(fault, where, group, call.op, call.payload, call, call.rank, seq)
             self._raise_if_group_aborted(group)
         except BaseException as exc:
             Recorder.finish(call.record, failed=True)
@@ -69,7 +69,7 @@ class CallHooks:
                 where = f"{op.describe()} (rank {me}, {self.describe_rank(me)})"
                 # The send's tensor is already simdist's own snapshot.
                 payload = {T: op.tensor} if op.kind == "send" else {}
-                self._apply(fault, where, op.group, op.kind, payload, None, me)
+                self._apply(fault, where, op.group, op.kind, payload, None, me, -1)
             self._raise_if_group_aborted(op.group)
         except BaseException as exc:
             Recorder.finish(op.record, failed=True)
@@ -86,14 +86,25 @@ class CallHooks:
         payload: dict[str, Any],
         call: Call | None,
         rank: int,
+        seq: int,
     ) -> None:
         kind = fault.kind
+        if kind != "corrupt":
+            self._fired(fault, rank, op, group, seq)
         if kind == "crash":
             raise InjectedFault(f"injected crash at {where}")
         if kind == "delay":
             self.scheduler.sleep(fault.seconds)
         elif kind == "corrupt":
-            corrupt_contribution(op, payload, fault.mode)
+            if call is not None and not contributes(op, call.group_rank, call.fingerprint):
+                # Nothing of its own to damage: what it receives is, once received.
+                def land(payload: dict[str, Any] = payload) -> None:
+                    if corrupt_received(op, payload, fault.mode):
+                        self._fired(fault, rank, op, group, seq)
+
+                call.landing = land
+            elif corrupt_contribution(op, payload, fault.mode):
+                self._fired(fault, rank, op, group, seq)
         elif kind == "timeout":
             error = BackendError(
                 f"simdist: injected watchdog timeout: {where} never completed, so every "
@@ -110,6 +121,10 @@ class CallHooks:
             # Members other than this rank fail because of it: a consequence.
             self.scheduler.fail_group(group.name, mark_consequence(error, rank))
             raise BackendError(*error.args)
+
+    def _fired(self, fault: Fault, rank: int, op: str, group: GroupInfo, seq: int) -> None:
+        if self.faults is not None:
+            self.faults.fired_at(rank, fault, op, group, seq)
 
     def _raise_if_group_aborted(self, group: GroupInfo) -> None:
         # An early, unlocked check; the scheduler re-checks under its lock.

@@ -97,6 +97,16 @@ def flat(t: torch.Tensor, what: str) -> torch.Tensor:
     return t.view(-1)
 
 
+def logical_flat(t: torch.Tensor, what: str) -> torch.Tensor:
+    """``t``'s elements in logical order, for reading: a view when contiguous,
+    a copy of a channels-last tensor (gloo reads one so); a strided view is refused."""
+    if t.is_contiguous():
+        return t.view(-1)
+    if not dense(t):
+        flat(t, what)  # its refusal, in its words
+    return t.reshape(-1)
+
+
 def even_splits(total: int, n: int, what: str) -> list[int]:
     if total % n:
         raise ValueError(f"{what}: dim 0 size {total} is not divisible by the group size {n}")

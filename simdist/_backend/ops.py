@@ -145,13 +145,20 @@ def _all_gather(calls: list[Call], a: OpArgs) -> None:
 
 def _all_gather_into_tensor(calls: list[Call], a: OpArgs) -> None:
     # Slot by slot: a rank's input may be its own slot of the output
-    # (FSDP2 gathers in place), which torch.cat(out=) refuses.
-    srcs = [K.flat(c.payload[IN], "all_gather_into_tensor input_tensor") for c in calls]
+    # (FSDP2 gathers in place), which torch.cat(out=) refuses. Slots are in
+    # logical order, as gloo fills a channels-last input or output.
+    srcs = [K.logical_flat(c.payload[IN], "all_gather_into_tensor input_tensor") for c in calls]
     k = srcs[0].numel()
     for c in calls:
         out = c.payload[OUT_FLAT]
-        for j, src in enumerate(srcs):
-            K.copy_into(out.narrow(0, j * k, k), src)
+        if out.dim() == 1:
+            for j, src in enumerate(srcs):
+                K.copy_into(out.narrow(0, j * k, k), src)
+        else:  # a channels-last output: its slots are blocks of dim 0
+            rows = out.shape[0] // len(srcs)
+            for j, src in enumerate(srcs):
+                slot = out.narrow(0, j * rows, rows)
+                K.copy_into(slot, src.view(slot.shape))
 
 
 def _reduce_scatter(calls: list[Call], a: OpArgs) -> None:
@@ -162,10 +169,16 @@ def _reduce_scatter(calls: list[Call], a: OpArgs) -> None:
 
 def _reduce_scatter_tensor(calls: list[Call], a: OpArgs) -> None:
     key = a.key
+    ins = [K.logical_flat(k.payload[IN], "reduce_scatter_tensor input") for k in calls]
     m = calls[0].payload[OUT].numel()
     for r, c in enumerate(calls):
-        parts = [k.payload[IN].narrow(0, r * m, m) for k in calls]
-        K.reduce_into(a.model, c.payload[OUT], parts, a.red, f"{key}/{r}")
+        out = c.payload[OUT]
+        # A channels-last output is written in logical order, through a flat copy.
+        target = out if out.dim() == 1 else out.new_empty(m)
+        parts = [x.narrow(0, r * m, m) for x in ins]
+        K.reduce_into(a.model, target, parts, a.red, f"{key}/{r}")
+        if target is not out:
+            out.copy_(target.view(out.shape))
 
 
 def _gather(calls: list[Call], a: OpArgs) -> None:

@@ -258,9 +258,13 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "all_gather_single", output, input, opts)
+        return self._all_gather_single(output, input)
+
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> SimWork:
+        """``all_gather_single`` past the modes (a coalesced call shows them one op for all)."""
         same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
-        out_flat = K.flat(output, "all_gather_into_tensor output_tensor")
+        out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
         fp = (("shape", shape(input)), ("dtype", input.dtype))
         payload = {IN: input, OUT_FLAT: out_flat}
         return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output])
@@ -289,11 +293,17 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "reduce_scatter_single", output, input, opts)
+        return self._reduce_scatter_single(output, input, opts)
+
+    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
+        """``reduce_scatter_single`` past the modes (a coalesced call shows them one op for all)."""
         same_dtype("reduce_scatter_tensor", "output", output, "input", input)
         group_sized("reduce_scatter_tensor", "input", input, "output", output, self.size())
         red = self._reduce_op(opts, output.dtype, "reduce_scatter_tensor")
-        in_flat = K.flat(input, "reduce_scatter_tensor input")
-        out_flat = K.flat(output, "reduce_scatter_tensor output")
+        in_flat = input if K.dense(input) else K.flat(input, "reduce_scatter_tensor input")
+        out_flat = (
+            output.view(-1) if output.is_contiguous() else _dense(output, "reduce_scatter_tensor output")
+        )
         fp = (("shape", shape(output)), ("dtype", output.dtype), ("reduce_op", red))
         payload = {IN: in_flat, OUT: out_flat}
         return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red)
@@ -407,3 +417,23 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         monitored_barrier(self, timeout, wait_all_ranks)
+
+
+def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
+    """A channels-last tensor as it is (gloo and NCCL take one); else ``flat``'s refusal."""
+    if not K.dense(t):
+        K.flat(t, what)
+    return t
+
+
+def _flat_or_blocks(output: torch.Tensor, op: str, what: str, size: int) -> torch.Tensor:
+    """A contiguous output as a flat view; a channels-last one as it is, its
+    slots being blocks of dim 0 (refused when dim 0 does not split so)."""
+    if output.is_contiguous():
+        return output.view(-1)
+    _dense(output, f"{op} {what}")
+    if output.shape[0] % size:
+        raise ValueError(
+            f"{op}: a channels-last {what} must split into {size} slots along dim 0, got shape {list(output.shape)}"
+        )
+    return output

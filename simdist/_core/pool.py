@@ -10,13 +10,17 @@ A parked thread must be indistinguishable from a fresh one. What a task can
 leave behind in its thread is put back or checked before the thread is
 parked: its ``threading.local`` values are dropped (as a thread's exit drops
 them), each task runs in a fresh ``contextvars.Context`` (a new thread's
-context is empty), its name and daemon flag are set per task, and
-``tidy`` (given by the caller) empties caches it knows a thread keeps, and
-``fingerprint`` (also the caller's: what it knows how to read of a thread's
-state, such as torch's grad mode) must then read the same as when the
-thread was new, and no trace or profile function may be left set; a thread
-that fails a check, whose task raised, or that its run gave up on (stuck
-past the watchdog) is not parked but ends, as it always did.
+context is empty) and sees a ``threading.Thread`` object of its own (see
+``_new_face``: what ``current_thread()`` returns, with its attributes,
+pure-Python ``_threading_local`` values and liveness, is new every task and
+reads as ended once its task has), the trace and profile functions are set
+at every start to what ``threading.settrace``/``setprofile`` give a new
+thread now (None included), ``tidy`` (given by the caller) empties caches
+it knows a thread keeps, and ``fingerprint`` (also the caller's: what it
+knows how to read of a thread's state, such as torch's thread-local
+settings) must then read the same as when the thread was new; a thread that
+fails a check, whose task raised, or that its run gave up on (stuck past
+the watchdog) is not parked but ends, as it always did.
 
 A parked thread is not listed by ``threading.enumerate()`` (it is taken out of
 ``threading._active`` while parked and put back before its next task starts):
@@ -29,10 +33,12 @@ forgotten in a forked child (the fork copies none of them).
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextvars
 import ctypes
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -102,8 +108,65 @@ def _nothing() -> None:
     pass
 
 
+def _new_face(name: str) -> threading.Thread | None:
+    """A ``Thread`` object for one task, as user code sees its thread: never
+    started by ``threading`` itself, it takes the running thread's ids when
+    the task begins and a lock of its own in place of the one CPython frees
+    when a thread ends, released when the task ends (so ``is_alive()`` turns
+    False and ``join()`` returns, as for a thread that has ended). None on a
+    Python whose ``Thread`` is not built so (then no thread is parked)."""
+    face = threading.Thread(name=name, daemon=True)
+    if getattr(face, "_tstate_lock", 0) is not None or not hasattr(face, "_started"):
+        return None
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    face._tstate_lock = lock  # type: ignore[attr-defined]  # private: what is_alive()/join() wait on
+    face._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper
+    return face
+
+
+# Whether this Python's Thread objects can be made per task (else none is parked).
+_FACES = _new_face("simdist-probe") is not None
+
+
+def _stand_for(face: threading.Thread, thread: threading.Thread) -> None:
+    """Give ``face`` the ids of the running OS thread behind ``thread``."""
+    face._ident = thread.ident  # type: ignore[attr-defined]  # private: what .ident reads
+    if hasattr(face, "_native_id"):
+        face._native_id = thread.native_id
+    face._started.set()  # type: ignore[attr-defined]  # private: the flag start() sets
+
+
+def _wear(face: threading.Thread, thread: threading.Thread) -> None:
+    """Make ``face`` the calling thread's ``Thread`` object for its task."""
+    _stand_for(face, thread)
+    found = _registry()
+    if found is not None:
+        registry, lock = found
+        with lock:
+            registry[threading.get_ident()] = face
+
+
+def _take_off(face: threading.Thread) -> None:
+    """The task has ended: its ``Thread`` object reads as a thread that has."""
+    lock = face._tstate_lock  # type: ignore[attr-defined]  # private: see _new_face
+    if lock is not None and lock.locked():
+        lock.release()
+
+
 class _Worker:
-    __slots__ = ("ending", "fingerprint", "parked", "permit", "pristine", "seat", "target", "thread", "tidy")
+    __slots__ = (
+        "ending",
+        "face",
+        "fingerprint",
+        "parked",
+        "permit",
+        "pristine",
+        "seat",
+        "target",
+        "thread",
+        "tidy",
+    )
 
     def __init__(self) -> None:
         self.permit = threading.Lock()
@@ -116,6 +179,7 @@ class _Worker:
         self.ending = False
         self.parked = False  # in _idle (written with _lock held)
         self.thread: threading.Thread = threading.current_thread()
+        self.face: threading.Thread | None = None
 
     def assign(
         self,
@@ -129,9 +193,11 @@ class _Worker:
         self.target = target
         self.fingerprint = fingerprint
         self.tidy = tidy
+        self.face = _new_face(seat.name)
 
     def main(self) -> None:
         """A new thread's life: tasks until one cannot be followed by another."""
+        _keep_dump_signal_for_the_main_thread()
         self.thread = threading.current_thread()
         self.pristine = _thread_state(self.fingerprint)
         identity.mark_pooled(threading.get_ident())
@@ -149,15 +215,14 @@ class _Worker:
             identity.forget_pooled(threading.get_ident())
 
     def _run_task(self, seat: Seat) -> None:
-        thread = self.thread
+        thread, face = self.thread, self.face
         thread.name = seat.name
-        # private: what threading.settrace/setprofile give every new thread
-        trace, profile = threading._trace_hook, threading._profile_hook  # type: ignore[attr-defined]  # private: the hooks threading.settrace/setprofile give new threads
-        # What a fresh thread's bootstrap installs.
-        if trace is not None:
-            sys.settrace(trace)
-        if profile is not None:
-            sys.setprofile(profile)
+        if face is not None:
+            _wear(face, thread)
+        # What a new thread's bootstrap installs now, None included: a hook
+        # removed since the last task must not stay set on this thread.
+        sys.settrace(threading.gettrace())
+        sys.setprofile(threading.getprofile())
         try:
             contextvars.Context().run(self.target)
         except BaseException:
@@ -165,21 +230,29 @@ class _Worker:
             seat.released.set()
             raise
         finally:
+            if face is not None:
+                _take_off(face)
             thread._daemonic = True  # type: ignore[attr-defined]  # private: the flag a new thread inherits
             # A parked thread keeps nothing of its last run alive.
             self.target = _nothing
+            self.face = None
 
     def _park(self, seat: Seat) -> bool:
         """Park the thread for a later task (True once it has one), or end it."""
         ident = threading.get_ident()
         try:
+            # Hooks are set afresh at the next start; parked, none runs.
+            sys.settrace(None)
+            sys.setprofile(None)
             _drop_thread_locals()
             self.tidy()
             clean = _thread_state(self.fingerprint) == self.pristine
         except Exception:
             clean = False  # a state it cannot read is not one it can vouch for
         with _lock:
-            keep = clean and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
+            # Without a Thread object of its own per task (another Python's
+            # threading), a reused thread would show the last task's.
+            keep = clean and _FACES and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
             if keep:
                 keep = self._park_locked(ident)
         if not keep:
@@ -214,8 +287,20 @@ class _Worker:
         return True
 
 
+def _keep_dump_signal_for_the_main_thread() -> None:
+    """Block SIGUSR1 in this rank thread (and so in every thread it starts,
+    which inherit its mask): the kernel then delivers a SIGUSR1 sent to the
+    process to a thread that takes it, the main thread, whose wait it
+    interrupts, so the stack dump (``debug._dump``) comes while the run is
+    stuck. Delivered to a rank thread, CPython only flags it for the main
+    thread, which runs the handler when its wait next returns: after the run."""
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is not None and hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {usr1})
+
+
 def _thread_state(fingerprint: Callable[[], Any]) -> Any:
-    return (sys.gettrace(), sys.getprofile(), fingerprint())
+    return fingerprint()
 
 
 def _drop_thread_locals() -> None:
@@ -263,14 +348,17 @@ def _hide(ident: int) -> bool:
     return True
 
 
-def _show(thread: threading.Thread) -> None:
+def _show(thread: threading.Thread, face: threading.Thread | None = None) -> None:
+    """List a parked thread again, as ``face`` when given (its next task's)."""
     assert thread.ident is not None
     found = _registry()
     if found is None:
         return  # taken away while the thread was parked: it stays unlisted
     registry, lock = found
+    if face is not None:
+        _stand_for(face, thread)
     with lock:
-        registry[thread.ident] = thread
+        registry[thread.ident] = thread if face is None else face
 
 
 def idle_count() -> int:
@@ -317,6 +405,7 @@ class PooledStart:
                     _show(worker.thread)  # listed again before it runs anything
                 for i, (seat, worker) in enumerate(zip(seats, taken)):
                     worker.assign(seat, _bound(self._target, i), self._fingerprint, self._tidy)
+                    _show(worker.thread, worker.face)  # as its task's own Thread object
             fresh = [_Worker() for _ in range(n - len(taken))]
             for i, (seat, worker) in enumerate(zip(seats[len(taken) :], fresh), start=len(taken)):
                 worker.assign(seat, _bound(self._target, i), self._fingerprint, self._tidy)

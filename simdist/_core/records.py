@@ -8,7 +8,7 @@ these alone, so every kind of wait says who can end it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ class Call:
         "group_rank",
         "inference",
         "injected",
+        "landing",
         "op",
         "payload",
         "rank",
@@ -72,6 +73,9 @@ class Call:
         self.inference = inference  # an inference tensor is written: complete in inference mode
         self.record: Any = None  # the flight recorder's entry
         self.injected: BaseException | None = None  # a fault that fails the whole call
+        # Run on what this rank receives once the call completes (a corrupt
+        # fault on a rank that contributes nothing to the call).
+        self.landing: Callable[[], None] | None = None
 
 
 class Waitable:

@@ -243,6 +243,26 @@ def uninstall() -> None:
         _unroute_if_idle_locked()
 
 
+def _peel(owner: object, value: object) -> object:
+    """A value found at a run's end without what ranks' c10d code set: its
+    private globals are all the ranks' (None); from sys.excepthook, the
+    rank-prefixing hooks init_process_group wraps around the one it found
+    (a hook the caller set during the run is what is left, and stays)."""
+    if owner is c10d:
+        return None
+    for _ in range(10_000):  # one wrapper per rank's init; bounded all the same
+        code = getattr(value, "__code__", None)
+        if getattr(value, "__module__", None) != c10d.__name__ or getattr(code, "co_name", "") != (
+            "_distributed_excepthook"
+        ):
+            return value
+        cells = dict(zip(code.co_freevars, getattr(value, "__closure__", None) or ()))  # type: ignore[union-attr]  # a function: it has a code object
+        if "old_hook" not in cells:
+            return None
+        value = cells["old_hook"].cell_contents
+    return None
+
+
 patches.register(
     "c10d routing",
     install,
@@ -250,6 +270,7 @@ patches.register(
     # the router, the registry wrappers, and what ranks' init_process_group sets
     [(c10d, "_world"), *((c10d, name) for name in _WRAPPERS)]
     + [(c10d, "_backend"), (c10d, "_default_pg_init_method"), (sys, "excepthook")],
+    lambda owner, attribute, value: _peel(owner, value),
 )
 
 

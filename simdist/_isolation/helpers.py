@@ -71,6 +71,10 @@ def _start(self: threading.Thread) -> None:
 
             _sanitizer.helper_started(world, rank)  # the rank's ops on this thread are checked too
             body()
+        except SystemExit:
+            # sys.exit()/_thread.exit() ends only this thread, silently, as in a
+            # process (threading's excepthook ignores SystemExit).
+            pass
         except BaseException as exc:
             world.helper_failed(rank, helper.name, exc)
         finally:

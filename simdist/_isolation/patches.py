@@ -26,7 +26,13 @@ patch is installed by the first run that needs it, in this order, and removed
 by the last, in the reverse order; a run holds a ``Lease`` on the patches it
 needs. A lease whose set-up fails removes what it had installed before
 raising, and releasing a lease twice does nothing, so a run that fails
-anywhere leaves the process as it was. Outside runs every attribute a patch
+anywhere leaves the process as it was. A patch removed restores only what it
+changed: a place that holds, when the patch is removed, neither what the
+patch put there nor a value the runs' own code set (c10d's
+``init_process_group`` wrapping ``sys.excepthook`` in a rank) was changed by
+somebody else since (the caller set ``sys.excepthook``, wrapped
+``Thread.start``) and keeps that value (with the runs' own wrappers peeled
+off: ``peel``). Outside runs every attribute a patch
 names holds the process's own value again (``current_values``: what tests
 compare before and after runs).
 
@@ -44,11 +50,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+_ABSENT = "<absent>"
+
 
 class Patch:
     """One process-wide change: how to make it and undo it, what it replaces, and how many use it."""
 
-    __slots__ = ("changes", "install", "name", "uninstall", "users")
+    __slots__ = ("changes", "install", "name", "peel", "put", "uninstall", "users")
 
     def __init__(
         self,
@@ -56,12 +64,36 @@ class Patch:
         install: Callable[[], None],
         uninstall: Callable[[], None],
         changes: Sequence[tuple[object, str]],
+        peel: Callable[[object, str, object], object] | None = None,
     ) -> None:
         self.name = name
         self.install = install
         self.uninstall = uninstall
         self.changes = tuple(changes)
+        self.peel = peel
+        self.put: list[object] = []  # what each place held once installed
         self.users = 0
+
+    def set_up(self) -> None:
+        self.install()
+        self.put = [_value(owner, attribute) for owner, attribute in self.changes]
+
+    def take_down(self) -> None:
+        """Uninstall; a place somebody else changed since keeps their value."""
+        theirs = []
+        for (owner, attribute), put in zip(self.changes, self.put):
+            now = _value(owner, attribute)
+            if now is put or isinstance(now, list) or now is _ABSENT:
+                continue  # ours, or a list (a patch takes out only its own items)
+            found = now if self.peel is None else self.peel(owner, attribute, now)
+            if found is None or found is put:
+                continue  # set by the runs' own code, over what the patch put
+            theirs.append((owner, attribute, found))
+        try:
+            self.uninstall()
+        finally:
+            for owner, attribute, value in theirs:
+                setattr(owner, attribute, value)
 
 
 # Installed in this order, removed in the reverse one.
@@ -83,13 +115,21 @@ def register(
     install: Callable[[], None],
     uninstall: Callable[[], None],
     changes: Sequence[tuple[object, str]],
+    peel: Callable[[object, str, object], object] | None = None,
 ) -> None:
     """Called once by the module that owns the patch (at its import).
     ``changes`` lists the ``(object, attribute)`` places the patch rebinds
-    (or whose contents it changes, for a list such as ``sys.meta_path``)."""
+    (or whose contents it changes, for a list such as ``sys.meta_path``);
+    ``peel(owner, attribute, value)`` takes the runs' own changes off a
+    value found there at removal: None when the runs' code set it all,
+    else what is left (what somebody else set, or what the patch put)."""
     if name not in ORDER:
         raise ValueError(f"simdist patch {name!r} is not in patches.ORDER {ORDER}")
-    _BY_NAME[name] = Patch(name, install, uninstall, changes)
+    _BY_NAME[name] = Patch(name, install, uninstall, changes, peel)
+
+
+def _value(owner: object, attribute: str) -> object:
+    return vars(owner).get(attribute, _ABSENT)
 
 
 _lock = threading.RLock()  # (a patch's own install may take a lease: re-entrant)
@@ -109,7 +149,7 @@ class Lease:
                 patch.users -= 1
                 if patch.users == 0:
                     try:
-                        patch.uninstall()
+                        patch.take_down()
                     except Exception as exc:  # remove the others all the same
                         error = error or exc
             if error is not None:
@@ -127,7 +167,7 @@ def lease(names: Sequence[str] = RUN_PATCHES) -> Lease:
         try:
             for patch in wanted:
                 if patch.users == 0:
-                    patch.install()
+                    patch.set_up()
                 patch.users += 1
                 taken.append(patch)
         except BaseException:
@@ -140,9 +180,6 @@ def installed() -> list[str]:
     """The patches in place now (for tests and diagnostics)."""
     with _lock:
         return [n for n in ORDER if n in _BY_NAME and _BY_NAME[n].users]
-
-
-_ABSENT = "<absent>"
 
 
 def places() -> list[tuple[str, object, str]]:

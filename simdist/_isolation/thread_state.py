@@ -1,8 +1,12 @@
 """What a thread keeps of torch's state for itself, read as one value.
 
-torch keeps some modes per OS thread (grad mode, inference mode, autocast,
-the dispatch key sets, the torch-function and dispatch mode stacks, saved
-tensor hooks, the current CUDA device). A rank body that leaves one set (a
+torch keeps some modes per OS thread: every getter/setter pair of
+``torch_tls.TOGGLES`` (grad, forward grad, view replay, DTensor's implicit
+replication, autocast ...; a test checks the list against what the running
+torch keeps per thread), and what this module reads beside them (inference
+mode, autocast dtypes, the dispatch key sets, the torch-function and dispatch
+mode stacks, saved tensor hooks, functorch's level, the JIT tracing state,
+the current CUDA device). A rank body that leaves one set (a
 bare ``torch.set_grad_enabled(False)``, ``torch.set_default_device``, which
 pushes a mode) would leave it to whatever runs next on its thread: a rank
 thread is parked for the next run (``_core.pool``) only if this reads the
@@ -18,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import profiler
+from . import profiler, torch_tls
 
 __all__ = ["forget_thread_caches", "thread_state"]
 
@@ -41,12 +45,9 @@ def thread_state() -> tuple[Any, ...]:
     autocast = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices)
     hooks = C._autograd._top_saved_tensors_default_hooks(False)
     return (
-        torch.is_grad_enabled(),
+        torch_tls.read_toggles(),
         torch.is_inference_mode_enabled(),
-        C._is_fwd_grad_enabled(),
-        C._is_multithreading_enabled(),
         autocast,
-        torch.is_autocast_cache_enabled(),
         C._len_torch_function_stack(),
         C._len_torch_dispatch_stack(),
         C._is_torch_function_enabled(),
@@ -58,4 +59,8 @@ def thread_state() -> tuple[Any, ...]:
         torch.cuda.current_device() if torch.cuda.is_initialized() else None,
         C._get_DTensor_sharding_propagator_cache_stats(),
         C._dynamo.eval_frame.get_eval_frame_callback(),
+        C._functorch.maybe_current_level(),
+        C._functionalization_reapply_views_tls(),
+        C._get_tracing_state(),
+        C._get_thread_name(),
     )

@@ -5,7 +5,9 @@
   post-mortem, in pluggy's frames, is then skipped for that test); ``q``
   ends the session as pytest's quit does.
 - ``--simdist-trace-on-failure DIR``: the Perfetto trace of a failed test's
-  last failing run, as ``DIR/<test id>.json`` (under Hypothesis, the shrunk
+  last failing run, as ``DIR/<test id>-<hash>.json`` (the id made safe for a
+  file name, then 8 hex digits of the exact id: ids that read alike, such as
+  ``[a/b]`` and ``[a_b]``, never share a file; under Hypothesis, the shrunk
   example, which it runs last); passing tests leave nothing.
 - ``faulthandler_timeout``: next to faulthandler's dump, which names threads
   only by id, every live run's ranks and helpers with coordinates and thread names.
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import sys
@@ -30,6 +33,13 @@ from ._options import TRACE_ENV, defaults
 _TRACES = pytest.StashKey[list[str]]()
 _DEBUGGED = pytest.StashKey[str]()
 _OPTION = "--simdist-trace-on-failure"
+
+
+def trace_stem(nodeid: str) -> str:
+    """A file name stem for a test's trace: readable, and unique per test id."""
+    readable = re.sub(r"[^\w.-]+", "_", nodeid).strip("._")[:150] or "test"
+    digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{readable}-{digest}"
 
 
 def addoption(parser: pytest.Parser) -> None:
@@ -86,7 +96,7 @@ class DebugPlugin:
             item.stash[_TRACES] = []
             settings.update(
                 trace_dir=self.trace_dir,
-                trace_name=re.sub(r"[^\w.-]+", "_", item.nodeid),
+                trace_name=trace_stem(item.nodeid),
                 on_trace=lambda path: item.stash[_TRACES].append(path),
             )
         with defaults(**settings):

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..debug import _cli as debug_cli
 from ._campaign import CampaignConfig, ExitCode, UsageError, default_targets, run_campaign
 from ._corpus import CaseFileError, read_case, replay_case
+from ._property import telling_interrupts_apart
 
 __all__ = ["add_fuzz_parser", "add_replay_parser", "fuzz_command", "replay_command"]
 
@@ -194,13 +195,15 @@ def replay_command(args: argparse.Namespace) -> int:
             print(f"ERROR  {path}: {exc}")
             continue
         try:
-            with debug_cli.replay_scope(args):  # debug hook: --pdb, --break-at
+            # A property's own sys.exit()/KeyboardInterrupt is the case failing
+            # again, as in the campaign; a Ctrl-C still stops the replay.
+            with debug_cli.replay_scope(args), telling_interrupts_apart():  # debug hook: --pdb, --break-at
                 replay_case(path)
         except CaseFileError as exc:
             unusable += 1
             print(f"ERROR  {path}: {exc}")
             continue
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             still_failing += 1
             first = str(exc).strip().splitlines()[:8]
             print(f"FAILS  {path}  {case.target}\n       {type(exc).__name__}: " + "\n       ".join(first))

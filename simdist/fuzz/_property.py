@@ -9,12 +9,15 @@ without Hypothesis.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, TypeVar
 
 import hypothesis
@@ -22,6 +25,7 @@ from hypothesis.control import currently_in_test_context
 
 __all__ = [
     "FuzzSpec",
+    "InterruptInCase",
     "clear_failures",
     "cover",
     "encode_case",
@@ -29,6 +33,7 @@ __all__ = [
     "last_failure",
     "replayable",
     "spec_of",
+    "telling_interrupts_apart",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +62,60 @@ _failures: dict[str, FailureRecord] = {}
 # The case each property is running right now (by the same key): what a
 # campaign reports when a case never finishes.
 _in_flight: dict[str, Any] = {}
+
+
+class InterruptInCase(Exception):
+    """The code under test raised ``KeyboardInterrupt`` itself (no Ctrl-C
+    came): a failure of the case like any other, so Hypothesis shrinks it
+    (it lets a ``KeyboardInterrupt`` through unshrunk, as a stop)."""
+
+
+# Whether a SIGINT arrived while ``telling_interrupts_apart`` was active; None
+# when it is not (then every KeyboardInterrupt is taken for a Ctrl-C).
+_sigint: list[bool] | None = None
+
+
+@contextlib.contextmanager
+def telling_interrupts_apart() -> Iterator[None]:
+    """While active (in the main thread), a ``KeyboardInterrupt`` raised by
+    a property's own code is that case's failure, told apart from one a
+    SIGINT (Ctrl-C, the campaign's stop) raised, which still stops."""
+    global _sigint
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    seen = [False]
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if previous == signal.SIG_IGN:
+            return
+        seen[0] = True
+        if callable(previous):
+            previous(signum, frame)  # Python's default raises KeyboardInterrupt
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    outer, _sigint = _sigint, seen
+    try:
+        yield
+    finally:
+        _sigint = outer
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raised_by_the_case(exc: BaseException) -> bool:
+    """A KeyboardInterrupt no SIGINT explains (only known while told apart)."""
+    seen = _sigint
+    return isinstance(exc, KeyboardInterrupt) and seen is not None and not seen[0]
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, Exception):
+        return str(exc)
+    # sys.exit(3) reads "3", KeyboardInterrupt() nothing: say what it was.
+    return f"{exc!r} raised by the code under test"
 
 
 def encode_case(case: Any) -> dict[str, Any]:
@@ -106,12 +165,15 @@ def replayable(decode: Callable[[Mapping[str, Any]], Any], *, arg: str = "case")
             try:
                 return fn(*args, **kwargs)
             except BaseException as exc:
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
+                user_interrupt = _raised_by_the_case(exc)
+                if isinstance(exc, KeyboardInterrupt) and not user_interrupt:
+                    raise  # Ctrl-C, or the campaign's stop: never a case's failure
                 case = kwargs.get(arg)
-                record = FailureRecord(encode_case(case), type(exc).__name__, str(exc))
+                record = FailureRecord(encode_case(case), type(exc).__name__, _error_text(exc))
                 with _lock:
                     _failures[key] = record
+                if user_interrupt:
+                    raise InterruptInCase(record.error) from exc
                 raise
             finally:
                 with _lock:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings
 from ._database import resolve_database
 from ._events import EventWriter, worker_file
 from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
-from ._property import clear_failures, in_flight_case, last_failure, spec_of
+from ._property import clear_failures, in_flight_case, last_failure, spec_of, telling_interrupts_apart
 from ._unfired import UnfiredPlans
 from ._zygote import ENV_WORKERS, fork_workers
 
@@ -207,6 +207,14 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
     if not props:
         w.events.emit("done", reason="no properties")
         return True
+    with telling_interrupts_apart():  # a property's own KeyboardInterrupt is its case's failure
+        reason = _search(w, props, items)
+    w.events.emit("done", reason=reason)
+    return True
+
+
+def _search(w: _Worker, props: list[_PropertyState], items: dict[str, pytest.Item]) -> str:
+    """Rounds over the properties until the budget is spent; why it ended."""
     rng = random.Random(w.seed)
     reason = "budget spent"
     while True:
@@ -235,8 +243,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
             if reason == "budget spent" and (w.run_dir / "stop").exists() and time.time() < w.deadline:
                 reason = "stopped"
             break
-    w.events.emit("done", reason=reason)
-    return True
+    return reason
 
 
 def _run_round(
