@@ -135,9 +135,8 @@ def test_pytest_blocks_pass_as_test_files(tmp_path):
 
 
 def _simdist_parser() -> argparse.ArgumentParser:
-    from simdist.fuzz._cli import add_fuzz_parser, add_replay_parser
-
     from simdist.cli import version
+    from simdist.fuzz._cli import add_fuzz_parser, add_replay_parser
 
     parser = argparse.ArgumentParser(prog="simdist", exit_on_error=False)
     parser.add_argument("--version", action="version", version=version())
