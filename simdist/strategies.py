@@ -6,7 +6,7 @@ Needs the ``hypothesis`` package (a test extra); simdist itself does not.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -62,33 +62,64 @@ def layouts(
     *,
     max_world_size: int = 8,
     axes: Sequence[str] = ("tp", "dp", "pp"),
-    max_degree: int = 4,
+    max_degree: int | None = None,
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
-    (other axes stay 1), each degree in ``1..max_degree``; non-power-of-two
-    degrees included. A campaign's ``--max-world-size`` lowers the bound.
+    (other axes stay 1), each degree in ``1..max_degree`` (by default any degree the
+    world-size bound allows); non-power-of-two degrees included. A campaign's
+    ``--max-world-size`` lowers the bound.
 
-    Distribution: the world size is drawn first, uniformly over the sizes the
-    axes can make (small worlds as often as large ones), then one of its
-    factorisations over ``axes``, uniformly; so every axis has the same
-    distribution of degrees, whatever its place in ``axes``
-    (tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
+    Distribution: two draws in three take the world size first, uniformly over
+    the sizes the axes can make (small worlds as often as large ones), then one
+    of its factorisations over ``axes``, uniformly; the third gives one axis,
+    drawn uniformly, its largest degree. So every axis has the same
+    distribution of degrees, whatever its place in ``axes``, and each reaches
+    its largest degree in about ``1 / (3 * len(axes))`` of draws or more (TP=8
+    under ``max_world_size=8`` in over 8% with three axes;
+    tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
     ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
-    towards a single rank, then towards the smallest degrees, first axis first."""
+    towards a single rank, then towards the smallest degrees, first axis first,
+    also when several draws are composed."""
     for axis in axes:
         if axis not in AXES:
             raise ValueError(f"unknown axis {axis!r}; expected some of {AXES}")
-    if max_world_size < 1 or max_degree < 1:
+    if len(set(axes)) != len(axes) or not axes:
+        raise ValueError(f"layouts: axes must name each axis once, got {tuple(axes)!r}")
+    if not is_int(max_world_size, 1) or (max_degree is not None and not is_int(max_degree, 1)):
         raise ValueError(f"max_world_size and max_degree must be >= 1, got {max_world_size}, {max_degree}")
     bound = min(max_world_size, campaign_max_world_size(max_world_size) or max_world_size)
+    degree = bound if max_degree is None else min(max_degree, bound)
+    return _layouts(_factorisations(bound, len(axes), degree), tuple(axes))
+
+
+@functools.lru_cache(maxsize=64)
+def _factorisations(
+    bound: int, n_axes: int, max_degree: int
+) -> tuple[tuple[int, tuple[tuple[int, ...], ...]], ...]:
+    """(world, its factorisations over n_axes, lexicographic) for every world <= bound."""
+
+    def products(n: int, room: int) -> list[tuple[int, ...]]:
+        if n == 0:
+            return [()]
+        return [
+            (d, *rest) for d in range(1, min(max_degree, room) + 1) for rest in products(n - 1, room // d)
+        ]
+
     by_size: dict[int, list[tuple[int, ...]]] = {}
-    for sizes in itertools.product(range(1, max_degree + 1), repeat=len(axes)):
-        world = math.prod(sizes)
-        if world <= bound:
-            by_size.setdefault(world, []).append(sizes)
+    for sizes in products(n_axes, bound):
+        by_size.setdefault(math.prod(sizes), []).append(sizes)
     # Lexicographic order: a factorisation shrinks towards small degrees on the first axis.
-    choices = tuple((world, tuple(sorted(by_size[world]))) for world in sorted(by_size))
-    return _layouts(choices, tuple(axes))
+    ordinary = tuple((world, tuple(sorted(by_size[world]))) for world in sorted(by_size))
+    if max_degree == 1:
+        return ordinary
+    # The corners (one axis at its largest degree) as extra choices after the
+    # largest world: a third of the draws, and a corner shrinks as an ordinary
+    # choice does, by its index, towards smaller worlds (a separate "corner?"
+    # draw would not: zeroing it changes what every later draw means).
+    corner_world = max_degree**1
+    corners = tuple(sorted(f for f in by_size[corner_world] if sorted(f)[:-1] == [1] * (n_axes - 1)))
+    copies = -(-len(ordinary) // 2)
+    return ordinary + ((corner_world, corners),) * copies
 
 
 # The composite strategies are defined once, at module level, and take their
