@@ -47,6 +47,13 @@ _ONLY_PROPERTY_FAILED = (
 )
 
 
+# Hypothesis' reason for an overrun, said in terms of what to change.
+_GAVE_UP_HINTS = {
+    "exceeded maximum test case size": "exceeded maximum test case size "
+    "(a strategy drew more choices than Hypothesis allows a case: draw fewer or shorter values)",
+}
+
+
 def _short(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[-1]
 
@@ -123,6 +130,10 @@ def summary_text(
             "(assume() was false, a filter or .filter() rejected the draw, or the data ran out): "
             "not checked; many means the strategy wastes time"
         )
+        # Which draw rejected: an assume() or filter names its line, a draw
+        # past Hypothesis' size limit says so (a strategy drawing too many choices).
+        for why, count in stats.gave_up_reasons.most_common(3):
+            lines.append(f"              {count}: {_GAVE_UP_HINTS.get(why, why)}")
     lines.append(f"  cases go to {corpus}" if corpus else "  cases go to nowhere (--no-corpus)")
     if stats.features:
         lines.append("coverage (cases per value)")
