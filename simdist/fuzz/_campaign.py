@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ._corpus import write_case
+from ._corpus import case_environment, write_case
 from ._database import DatabaseSpecError, resolve_database
 from ._events import EventReader, worker_file
 from ._forked import ForkedWorker, fork_available
@@ -281,6 +281,14 @@ def _supervise(
     return watch
 
 
+def _selecting_env(cfg: CampaignConfig) -> dict[str, str]:
+    """The variables the workers ran under that can select a failure (see _corpus.RECORDED_ENVIRONMENT)."""
+    env = {**os.environ, "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout)}
+    if cfg.max_world_size is not None:
+        env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
+    return env
+
+
 def _write_cases(cfg: CampaignConfig, stats: CampaignStats, found: dict, problems: list[str]) -> None:
     corpus = _corpus(cfg)
     if corpus is None:
@@ -299,6 +307,7 @@ def _write_cases(cfg: CampaignConfig, stats: CampaignStats, found: dict, problem
                 failure.error,
                 {**found, "property_seed": failure.seed},
                 property_file=prop_file,
+                environment=case_environment(_selecting_env(cfg)),
             )
         except OSError as exc:
             # The failure is still printed below, with its case.
