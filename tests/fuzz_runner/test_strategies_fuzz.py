@@ -4,6 +4,7 @@ towards the simplest case (one rank, one microbatch, fully valid 0/1 masks)."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -380,3 +381,21 @@ def test_long_mask_rows_are_cheap_and_keep_every_kind() -> None:
     valid = [sum(v > 0 for v in row) for row in rows]
     assert any(v == 0 for v in valid) and any(v == 1 for v in valid) and any(v >= 142 for v in valid)
     assert any(0 < v < 142 and v != 1 for v in valid), "random rows (a repeated drawn pattern)"
+
+
+def test_a_long_sequence_shrinks_to_the_shortest_length_that_still_fails() -> None:
+    # A failure needing 6 valid tokens in a row: on main, half the searches kept a
+    # 129-token sequence (a "long?" draw flipped to short reset the length to 2).
+    @st.composite
+    def case(draw: st.DrawFn) -> tuple[int, list]:
+        n = draw(sequence_lengths())
+        return n, draw(token_distributions(2, 2, n))
+
+    def fails(c: tuple[int, list]) -> bool:
+        return any(sum(v > 0 for v in row) >= 6 for rank in c[1] for micro in rank for row in micro)
+
+    for seed in range(4):
+        length, _ = find(
+            case(), fails, settings=settings(searching, max_examples=3000), random=random.Random(seed)
+        )
+        assert length == 6, f"seed {seed}: shrank to a {length}-token sequence"
