@@ -281,6 +281,12 @@ def _supervise(
     return watch
 
 
+def _database_shown(database: str | None) -> str:
+    if database is None or str(database) == "none":
+        return "none (--database none)"
+    return str(database) if str(database).startswith("python:") else display(Path(database))
+
+
 def _selecting_env(cfg: CampaignConfig) -> dict[str, str]:
     """The variables the workers ran under that can select a failure (see _corpus.RECORDED_ENVIRONMENT)."""
     env = {**os.environ, "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout)}
@@ -364,6 +370,8 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
             targets=cfg.targets,
             problems=problems,
             corpus=None if corpus is None else display(corpus),
+            database=_database_shown(cfg.database),
+            logs=display(run_dir),
         ),
         file=out,
         flush=True,

@@ -80,6 +80,9 @@ def test_a_planted_bug_is_found_shrunk_written_and_replayed(tmp_path):
     assert case["environment"]["SIMDIST_FUZZ_MAX_WORLD_SIZE"] == "4", case.get("environment")
     assert case["environment"]["SIMDIST_FUZZ_CASE_TIMEOUT"] == "300.0"
     assert not {"SIMDIST_FUZZ_INDEX", "SIMDIST_FUZZ_RUN_DIR", "SIMDIST_FUZZ_SEED"} & set(case["environment"])
+    # The output policy, printed (not on main): cases, database and logs, each where it went.
+    assert f"cases go to {corpus}" in proc.stderr and "  database    none (--database none)" in proc.stderr
+    assert "  logs        .simdist/fuzz-runs/" in proc.stderr, proc.stderr
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "1"
 
