@@ -4,7 +4,7 @@ import simdist
 results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
-from . import debug
+from . import debug, tolerance
 from ._run import run
 from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
@@ -27,6 +27,7 @@ from .launch import run_processes
 from .layout import Coords, Layout
 from .reduction import RankOrder, ReductionModel, Ring, Shuffled, Tree
 from .retry import RetryOutcome, run_with_retry
+from .tolerance import ToleranceError, check_close
 
 __all__ = [
     "AsyncRaceError",
@@ -52,15 +53,18 @@ __all__ = [
     "Shuffled",
     "SimulationError",
     "SimulationTimeout",
+    "ToleranceError",
     "Tree",
     "UnfiredFaultPlanWarning",
     "UnsupportedOperationError",
     "UnwaitedWorkWarning",
+    "check_close",
     "debug",
     "dump",
     "explore",
     "run",
     "run_processes",
     "run_with_retry",
+    "tolerance",
 ]
 __version__ = "0.1.0"

@@ -9,6 +9,21 @@ from collections.abc import Sequence
 
 from .layout import Layout
 
+# The distribution's name on a package index; the import name is simdist
+# ("simdist" on PyPI is an unrelated project).
+DISTRIBUTION = "torch-simdist"
+
+
+def version() -> str:
+    """The installed distribution's version (from its metadata, the one pip installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        # Imported from a source tree that was never installed: no metadata to read.
+        return "unknown (not installed; pip install -e . from the checkout)"
+
 
 def _layout(text: str) -> Layout:
     """'tp=2,dp=2,pp=2' -> Layout."""
@@ -27,6 +42,7 @@ def _layout(text: str) -> Layout:
 def main(argv: Sequence[str] | None = None) -> int:
     argv_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="simdist", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo_p = sub.add_parser("demo", help="run one real TP x PP x DP training step and check parity")
     demo_p.add_argument("--layout", type=_layout, default=None, help="e.g. tp=2,dp=2,pp=2")
@@ -42,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as exc:
             print(
                 f"simdist {argv_list[0]}: needs Hypothesis and pytest, the test extras "
-                f"(pip install 'simdist[test]'): {exc}",
+                f"(pip install -e '.[test]' in the checkout): {exc}",
                 file=sys.stderr,
             )
             return 2

@@ -6,7 +6,7 @@ Needs the ``hypothesis`` package (a test extra); simdist itself does not.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -62,33 +62,64 @@ def layouts(
     *,
     max_world_size: int = 8,
     axes: Sequence[str] = ("tp", "dp", "pp"),
-    max_degree: int = 4,
+    max_degree: int | None = None,
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
-    (other axes stay 1), each degree in ``1..max_degree``; non-power-of-two
-    degrees included. A campaign's ``--max-world-size`` lowers the bound.
+    (other axes stay 1), each degree in ``1..max_degree`` (by default any degree the
+    world-size bound allows); non-power-of-two degrees included. A campaign's
+    ``--max-world-size`` lowers the bound.
 
-    Distribution: the world size is drawn first, uniformly over the sizes the
-    axes can make (small worlds as often as large ones), then one of its
-    factorisations over ``axes``, uniformly; so every axis has the same
-    distribution of degrees, whatever its place in ``axes``
-    (tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
+    Distribution: two draws in three take the world size first, uniformly over
+    the sizes the axes can make (small worlds as often as large ones), then one
+    of its factorisations over ``axes``, uniformly; the third gives one axis,
+    drawn uniformly, its largest degree. So every axis has the same
+    distribution of degrees, whatever its place in ``axes``, and each reaches
+    its largest degree in about ``1 / (3 * len(axes))`` of draws or more (TP=8
+    under ``max_world_size=8`` in over 8% with three axes;
+    tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
     ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
-    towards a single rank, then towards the smallest degrees, first axis first."""
+    towards a single rank, then towards the smallest degrees, first axis first,
+    also when several draws are composed."""
     for axis in axes:
         if axis not in AXES:
             raise ValueError(f"unknown axis {axis!r}; expected some of {AXES}")
-    if max_world_size < 1 or max_degree < 1:
+    if len(set(axes)) != len(axes) or not axes:
+        raise ValueError(f"layouts: axes must name each axis once, got {tuple(axes)!r}")
+    if not is_int(max_world_size, 1) or (max_degree is not None and not is_int(max_degree, 1)):
         raise ValueError(f"max_world_size and max_degree must be >= 1, got {max_world_size}, {max_degree}")
     bound = min(max_world_size, campaign_max_world_size(max_world_size) or max_world_size)
+    degree = bound if max_degree is None else min(max_degree, bound)
+    return _layouts(_factorisations(bound, len(axes), degree), tuple(axes))
+
+
+@functools.lru_cache(maxsize=64)
+def _factorisations(
+    bound: int, n_axes: int, max_degree: int
+) -> tuple[tuple[int, tuple[tuple[int, ...], ...]], ...]:
+    """(world, its factorisations over n_axes, lexicographic) for every world <= bound."""
+
+    def products(n: int, room: int) -> list[tuple[int, ...]]:
+        if n == 0:
+            return [()]
+        return [
+            (d, *rest) for d in range(1, min(max_degree, room) + 1) for rest in products(n - 1, room // d)
+        ]
+
     by_size: dict[int, list[tuple[int, ...]]] = {}
-    for sizes in itertools.product(range(1, max_degree + 1), repeat=len(axes)):
-        world = math.prod(sizes)
-        if world <= bound:
-            by_size.setdefault(world, []).append(sizes)
+    for sizes in products(n_axes, bound):
+        by_size.setdefault(math.prod(sizes), []).append(sizes)
     # Lexicographic order: a factorisation shrinks towards small degrees on the first axis.
-    choices = tuple((world, tuple(sorted(by_size[world]))) for world in sorted(by_size))
-    return _layouts(choices, tuple(axes))
+    ordinary = tuple((world, tuple(sorted(by_size[world]))) for world in sorted(by_size))
+    if max_degree == 1:
+        return ordinary
+    # The corners (one axis at its largest degree) as extra choices after the
+    # largest world: a third of the draws, and a corner shrinks as an ordinary
+    # choice does, by its index, towards smaller worlds (a separate "corner?"
+    # draw would not: zeroing it changes what every later draw means).
+    corner_world = max_degree**1
+    corners = tuple(sorted(f for f in by_size[corner_world] if sorted(f)[:-1] == [1] * (n_axes - 1)))
+    copies = -(-len(ordinary) // 2)
+    return ordinary + ((corner_world, corners),) * copies
 
 
 # The composite strategies are defined once, at module level, and take their
@@ -165,7 +196,10 @@ BF16_EXACT_INTEGERS = 256
 # choice per token of a long row would overrun Hypothesis' buffer.
 _RANDOM_PATTERN = 32
 # A long row is drawn for its count: mostly (nearly) full, every kind still drawn.
-_LONG_ROW_KINDS = ("full", "prefix", "full", "prefix", "random", "empty", "single", "first_only")
+# The extra choices come after MASK_ROW_KINDS, so a kind's index means the same
+# kind at every length: when a case's sequence length shrinks from long to
+# short, its rows keep their kinds (and the shrinker keeps the failure).
+_LONG_ROW_KINDS = (*MASK_ROW_KINDS, "full", "prefix")
 
 
 def sequence_lengths(
@@ -185,12 +219,33 @@ def sequence_lengths(
             )
     if not is_int(long_every, 0) or long_every == 1:
         raise ValueError(f"sequence_lengths: long_every must be 0 or an int >= 2, got {long_every!r}")
-    short_lengths = st.integers(*short)
     if long_every == 0:
-        return short_lengths
-    # The first choice is the simplest: Hypothesis shrinks a long draw to a short one.
-    is_long = st.sampled_from((False,) * (long_every - 1) + (True,))
-    return is_long.flatmap(lambda flag: st.integers(*long) if flag else short_lengths)
+        return st.integers(*short)
+    low, high = long
+    return _sequence_length(_length_slots(tuple(short), long_every), (low, high))
+
+
+_LONG = 0  # a slot meaning "draw a long length"
+
+
+@functools.lru_cache(maxsize=32)
+def _length_slots(short: tuple[int, int], long_every: int) -> tuple[int, ...]:
+    """The short lengths in ascending order, each repeated, then the long slots, so
+    that one draw in ``long_every`` is long. A long slot is next to the longest
+    short length: Hypothesis shrinks the slot index step by step, so a 129-token
+    case that fails at 6 tokens shrinks to 6 (a separate "long?" draw flipped to
+    short reset the length to the shortest and lost the failure)."""
+    shorts = range(short[0], short[1] + 1)
+    repeat = long_every - 1
+    # Twice the nominal long slots: Hypothesis draws low indices more often than
+    # uniform (measured: 9-22% of draws long, depending on the run).
+    return tuple(n for n in shorts for _ in range(repeat)) + (_LONG,) * (2 * len(shorts))
+
+
+@st.composite
+def _sequence_length(draw: st.DrawFn, slots: tuple[int, ...], long: tuple[int, int]) -> int:
+    slot = draw(st.sampled_from(slots))
+    return draw(st.integers(*long)) if slot == _LONG else slot
 
 
 def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[list[float]]:
@@ -214,13 +269,14 @@ def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
         row = [1.0] * seq_len
     elif kind == "empty":
         row = [0.0] * seq_len
-    elif kind == "prefix" and seq_len > _RANDOM_PATTERN:
-        # A long row is mostly valid, as real long sequences are (its count
-        # is what a long row is drawn for); shrinks towards fully valid.
-        length = seq_len - draw(st.integers(0, 8))
-        row = [1.0] * length + [0.0] * (seq_len - length)
     elif kind == "prefix":
-        length = draw(st.integers(1, seq_len))
+        # One draw, the number of masked tokens at the end, at every length (so
+        # a shrinking length keeps the row's draws aligned); a long row is mostly
+        # valid, as real long sequences are (its count is what it is drawn for).
+        # Shrinks towards fully valid.
+        length = seq_len - draw(
+            st.integers(0, min(seq_len - 1, 8) if seq_len > _RANDOM_PATTERN else seq_len - 1)
+        )
         row = [1.0] * length + [0.0] * (seq_len - length)
     elif kind == "single":
         at = draw(st.integers(0, seq_len - 1))
@@ -276,7 +332,8 @@ def _token_distributions(
     row = mask_rows(seq_len, fractional=fractional)
     # Long rows are drawn for their counts: masked less often (a quarter,
     # not half, of ranks and microbatches), so the DP sum passes 256 often.
-    masked = st.booleans() if seq_len <= _RANDOM_PATTERN else st.sampled_from((False, False, False, True))
+    # (One choice of the same kind at every length: see _LONG_ROW_KINDS.)
+    masked = st.sampled_from((False, True) if seq_len <= _RANDOM_PATTERN else (False, False, False, True))
     out = []
     for _ in range(ranks):
         rows = draw(st.integers(low_rows, high_rows))

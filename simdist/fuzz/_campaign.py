@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ._corpus import write_case
+from ._corpus import case_environment, write_case
 from ._database import DatabaseSpecError, resolve_database
 from ._events import EventReader, worker_file
 from ._forked import ForkedWorker, fork_available
@@ -287,6 +287,20 @@ def _supervise(
     return watch
 
 
+def _database_shown(database: str | None) -> str:
+    if database is None or str(database) == "none":
+        return "none (--database none)"
+    return str(database) if str(database).startswith("python:") else display(Path(database))
+
+
+def _selecting_env(cfg: CampaignConfig) -> dict[str, str]:
+    """The variables the workers ran under that can select a failure (see _corpus.RECORDED_ENVIRONMENT)."""
+    env = {**os.environ, "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout)}
+    if cfg.max_world_size is not None:
+        env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
+    return env
+
+
 def _write_cases(cfg: CampaignConfig, stats: CampaignStats, found: dict, problems: list[str]) -> None:
     corpus = _corpus(cfg)
     if corpus is None:
@@ -305,6 +319,7 @@ def _write_cases(cfg: CampaignConfig, stats: CampaignStats, found: dict, problem
                 failure.error,
                 {**found, "property_seed": failure.seed},
                 property_file=prop_file,
+                environment=case_environment(_selecting_env(cfg)),
             )
         except OSError as exc:
             # The failure is still printed below, with its case.
@@ -365,6 +380,8 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
             targets=cfg.targets,
             problems=problems,
             corpus=None if corpus is None else display(corpus),
+            database=_database_shown(cfg.database),
+            logs=display(run_dir),
         ),
         file=out,
         flush=True,

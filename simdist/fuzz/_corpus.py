@@ -59,6 +59,23 @@ class CaseFile:
         return self.target.split("::", 1)[1] if "::" in self.target else ""
 
 
+# The SIMDIST_* variables that change what a property draws or how its case
+# runs; the campaign's own plumbing (worker index, run folder, budget, seeds)
+# does not select a failure and is left out.
+RECORDED_ENVIRONMENT = (
+    "SIMDIST_FUZZ_MAX_WORLD_SIZE",
+    "SIMDIST_FUZZ_CASE_TIMEOUT",
+    "SIMDIST_PROFILE",
+    "SIMDIST_REUSE_THREADS",
+    "SIMDIST_TRACE_ON_FAILURE",
+)
+
+
+def case_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The ``RECORDED_ENVIRONMENT`` variables set in the workers' environment."""
+    return {name: worker_env[name] for name in RECORDED_ENVIRONMENT if worker_env.get(name, "") != ""}
+
+
 def write_case(
     directory: Path,
     target: str,
@@ -67,11 +84,14 @@ def write_case(
     error: str,
     found: Mapping[str, Any],
     property_file: Path | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> Path:
     """Write one case file; the name is stable for the same property and case.
 
     ``property_file``, when known, is recorded relative to ``directory``, which
-    is what lets ``simdist replay`` find the property from any directory."""
+    is what lets ``simdist replay`` find the property from any directory.
+    ``environment`` (see ``case_environment``) is recorded as the variables
+    that were set when the failure was found."""
     directory.mkdir(parents=True, exist_ok=True)
     body = json.dumps(dict(case), sort_keys=True)
     digest = hashlib.sha1(f"{target}\n{body}".encode()).hexdigest()[:10]
@@ -84,6 +104,7 @@ def write_case(
         "case": dict(case),
         "error": {"type": error_type, "message": error[:4000]},
         "found": {"date": _dt.date.today().isoformat(), **dict(found)},
+        **({"environment": dict(environment)} if environment else {}),
     }
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path

@@ -22,13 +22,16 @@ _CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setu
 
 
 def project_root(targets: Sequence[str]) -> Path:
-    """The folder pytest would take as rootdir for ``targets`` (its ini-file rule)."""
+    """The folder pytest would take as rootdir for ``targets`` (its ini-file rule);
+    without a configuration file at or above them, the current directory."""
     paths = [Path(t.split("::", 1)[0]).resolve() for t in targets] or [Path.cwd().resolve()]
     common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in paths]))
     for folder in (common, *common.parents):
         if any((folder / name).is_file() for name in _CONFIG_FILES):
             return folder
-    return common
+    # No project around the target: the current directory, never the target's
+    # own folder (cases beside a source file in a folder that is no project).
+    return Path.cwd().resolve()
 
 
 def simdist_settings(root: Path) -> dict[str, Any]:

@@ -36,6 +36,8 @@ class Failure:
 class CampaignStats:
     cases: int = 0
     cases_by_status: Counter = field(default_factory=Counter)
+    # Why cases gave up, as Hypothesis says, with where: "reason (file:line)" -> cases.
+    gave_up_reasons: Counter = field(default_factory=Counter)
     cases_by_property: Counter = field(default_factory=Counter)
     cases_by_worker: Counter = field(default_factory=Counter)
     features: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
@@ -109,6 +111,9 @@ class CampaignStats:
         self.case_seconds += float(event.get("sec", 0.0))
         if event.get("unfired"):
             self.unfired_plans[prop] += 1
+        if status == "gave_up":
+            why = str(event.get("why") or "no reason given")
+            self.gave_up_reasons[f"{why} ({event['at']})" if event.get("at") else why] += 1
         if status == "failed" and prop not in self.first_failing_case_at:
             self.first_failing_case_at[prop] = float(event.get("t", 0.0))
             self.cases_before_first_failure[prop] = self.cases_by_property[prop] - 1
@@ -160,6 +165,7 @@ class CampaignStats:
         return {
             "cases": self.cases,
             "cases_by_status": dict(self.cases_by_status),
+            "gave_up_reasons": dict(self.gave_up_reasons),
             "cases_by_property": dict(self.cases_by_property),
             "cases_by_worker": {str(k): v for k, v in sorted(self.cases_by_worker.items())},
             "case_seconds": round(self.case_seconds, 3),

@@ -47,6 +47,13 @@ _ONLY_PROPERTY_FAILED = (
 )
 
 
+# Hypothesis' reason for an overrun, said in terms of what to change.
+_GAVE_UP_HINTS = {
+    "exceeded maximum test case size": "exceeded maximum test case size "
+    "(a strategy drew more choices than Hypothesis allows a case: draw fewer or shorter values)",
+}
+
+
 def _short(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[-1]
 
@@ -90,6 +97,8 @@ def summary_text(
     targets: Sequence[str],
     problems: Sequence[str],
     corpus: str | None = None,
+    database: str | None = None,
+    logs: str | None = None,
 ) -> str:
     rate = stats.cases / elapsed if elapsed > 0 else 0.0
     status = ", ".join(f"{n} {s}" for s, n in sorted(stats.cases_by_status.items()))
@@ -123,7 +132,17 @@ def summary_text(
             "(assume() was false, a filter or .filter() rejected the draw, or the data ran out): "
             "not checked; many means the strategy wastes time"
         )
+        # Which draw rejected: an assume() or filter names its line, a draw
+        # past Hypothesis' size limit says so (a strategy drawing too many choices).
+        for why, count in stats.gave_up_reasons.most_common(3):
+            lines.append(f"              {count}: {_GAVE_UP_HINTS.get(why, why)}")
     lines.append(f"  cases go to {corpus}" if corpus else "  cases go to nowhere (--no-corpus)")
+    # The output policy (docs/fuzzing.md, "Where outputs go"): cases to the
+    # target's project, a campaign's state under the current directory's .simdist/.
+    if database is not None:
+        lines.append(f"  database    {database}")
+    if logs is not None:
+        lines.append(f"  logs        {logs}")
     if stats.features:
         lines.append("coverage (cases per value)")
         names = [n for n in _ORDER if n in stats.features] + sorted(set(stats.features) - set(_ORDER))

@@ -163,7 +163,15 @@ def _observe(observation: Any) -> None:
         sec=round(sum(observation.timing.values()), 6),
         t=w.elapsed(),
         **({"unfired": 1} if unfired else {}),
+        **(_gave_up_because(observation) if observation.status == "gave_up" else {}),
     )
+
+
+def _gave_up_because(observation: Any) -> dict[str, str]:
+    """Hypothesis' reason for a rejected case and where (an assume() line, a filter's strategy)."""
+    why = str(getattr(observation, "status_reason", "") or "")
+    at = str(getattr(getattr(observation, "metadata", None), "status_reason_location", None) or "")
+    return {"why": why, **({"at": at} if at else {})}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

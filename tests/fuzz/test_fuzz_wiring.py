@@ -255,8 +255,9 @@ def test_soft_ce_cases_cross_bfloat16s_exact_integer_range() -> None:
     # Counts above 256 are where a count kept in bfloat16 rounds (257 -> 256).
     from soft_ce_cases import soft_ce_cases
 
-    counts = [sum(1 for row in case.mask for v in row if v > 0) for case in _draws(soft_ce_cases(), 120)]
-    assert sum(count > 256 for count in counts) >= 3, sorted(counts)[-5:]
+    # 300 draws: in 120 derandomised ones the long cases (1 in 8) can all land at or just below 256.
+    counts = [sum(1 for row in case.mask for v in row if v > 0) for case in _draws(soft_ce_cases(), 300)]
+    assert sum(count > 256 for count in counts) >= 5, sorted(counts)[-5:]
 
 
 def test_draft_cases_cross_bfloat16s_exact_integer_range_per_rank_and_after_the_dp_sum() -> None:

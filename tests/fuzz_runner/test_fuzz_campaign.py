@@ -61,6 +61,8 @@ def test_a_planted_bug_is_found_shrunk_written_and_replayed(tmp_path):
         str(corpus),
         "--junit",
         str(junit),
+        "--max-world-size",
+        "4",
         BUGGY,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -74,6 +76,13 @@ def test_a_planted_bug_is_found_shrunk_written_and_replayed(tmp_path):
     case = json.loads(written.read_text())
     assert case["target"] == BUGGY and case["case"] == {"values": [0, 0, 0, 1]}
     assert case["error"]["type"] == "AssertionError" and case["found"]["campaign_seed"] == 3
+    # The variables that selected the failure are recorded (not on main); the campaign's plumbing is not.
+    assert case["environment"]["SIMDIST_FUZZ_MAX_WORLD_SIZE"] == "4", case.get("environment")
+    assert case["environment"]["SIMDIST_FUZZ_CASE_TIMEOUT"] == "300.0"
+    assert not {"SIMDIST_FUZZ_INDEX", "SIMDIST_FUZZ_RUN_DIR", "SIMDIST_FUZZ_SEED"} & set(case["environment"])
+    # The output policy, printed (not on main): cases, database and logs, each where it went.
+    assert f"cases go to {corpus}" in proc.stderr and "  database    none (--database none)" in proc.stderr
+    assert "  logs        .simdist/fuzz-runs/" in proc.stderr, proc.stderr
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "1"
 
@@ -258,7 +267,7 @@ def test_without_the_test_extras_the_commands_say_what_to_install():
             [sys.executable, "-c", code, *command], cwd=ROOT, capture_output=True, text=True, timeout=120
         )
         assert proc.returncode == 2, proc.stderr
-        assert "needs Hypothesis and pytest" in proc.stderr and "simdist[test]" in proc.stderr
+        assert "needs Hypothesis and pytest" in proc.stderr and "'.[test]'" in proc.stderr
 
 
 def test_replay_rejects_unusable_files(tmp_path):

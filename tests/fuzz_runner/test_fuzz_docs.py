@@ -145,9 +145,11 @@ def test_pytest_blocks_pass_as_test_files(tmp_path):
 
 
 def _simdist_parser() -> argparse.ArgumentParser:
+    from simdist.cli import version
     from simdist.fuzz._cli import add_fuzz_parser, add_replay_parser
 
     parser = argparse.ArgumentParser(prog="simdist", exit_on_error=False)
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo").add_argument("--layout")
     add_fuzz_parser(sub)

@@ -102,3 +102,45 @@ def test_the_summary_shows_world_sizes_run_why_workers_stopped_and_what_gave_up_
     assert "gave_up     1 case(s) rejected before they ran" in text
     assert "every property failed: a failing property is not fuzzed further" in text
     assert "workers ready after 2.5 s" in text and "cases go to cases" in text
+
+
+def test_the_summary_says_which_draw_rejected_the_cases_that_gave_up():
+    # Before, "gave_up" blamed assume() or filters the user never wrote; the reason
+    # and place now come from Hypothesis' own observation of each rejected case.
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import strategies as st
+    from hypothesis.internal import observability
+
+    from simdist.fuzz._stats import CampaignStats
+    from simdist.fuzz._summary import summary_text
+    from simdist.fuzz._worker import _gave_up_because
+
+    events: list[dict] = []
+
+    def observe(observation) -> None:
+        if getattr(observation, "type", None) == "test_case" and observation.status == "gave_up":
+            events.append(
+                {"e": "case", "p": "t.py::p", "s": "gave_up", "f": {}, **_gave_up_because(observation)}
+            )
+
+    @settings(max_examples=20, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, 9))
+    def rejects_odd(x: int) -> None:
+        assume(x % 2 == 0)
+
+    observability.add_observability_callback(observe)
+    try:
+        rejects_odd()
+    finally:
+        observability.remove_observability_callback(observe)
+    assert events and all("assume" in e["why"] and "test_fuzz_property.py:" in e["at"] for e in events)
+    stats = CampaignStats()
+    for event in events:
+        stats.add(0, event)
+    stats.add(
+        0, {"e": "case", "p": "t.py::p", "s": "gave_up", "f": {}, "why": "exceeded maximum test case size"}
+    )
+    text = summary_text(stats, elapsed=1.0, workers=1, seed=0, targets=["t.py"], problems=[], corpus="cases")
+    assert f"{len(events)}: {events[0]['why']} ({events[0]['at']})" in text
+    assert "1: exceeded maximum test case size (a strategy drew more choices" in text
+    assert stats.to_json()["gave_up_reasons"]

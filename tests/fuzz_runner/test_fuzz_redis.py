@@ -46,7 +46,7 @@ def redis_port(tmp_path: Path) -> Iterator[int]:
     try:
         import redis
     except ImportError:
-        pytest.skip("the redis client is not installed (pip install 'simdist[test]')")
+        pytest.skip("the redis client is not installed (pip install -e '.[dev]' in the checkout)")
     port = _free_port()
     proc = subprocess.Popen(
         [

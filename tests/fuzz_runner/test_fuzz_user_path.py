@@ -90,11 +90,17 @@ def test_a_users_case_replays_from_anywhere_whatever_the_corpus(tmp_path):
     assert fixed.returncode == 0 and "1 pass, 0 still fail" in fixed.stdout, fixed.stdout
 
 
-def test_the_default_corpus_follows_the_targets_rootdir(tmp_path):
-    bare = user_project(tmp_path)  # no configuration file: rootdir is the targets' folder
+def test_the_default_corpus_follows_the_targets_rootdir(tmp_path, monkeypatch):
+    bare = user_project(tmp_path)
     target = str(bare / "props" / "target_user_sum.py")
-    assert project_root([target]) == bare / "props"
-    assert default_corpus([target]) == bare / "props" / "fuzz-cases"
+    # No configuration file at or above the target: the current directory, never
+    # the source folder (on main, cases landed beside the property file).
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert project_root([target]) == here.resolve()
+    assert default_corpus([target]) == here.resolve() / "fuzz-cases"
+    monkeypatch.chdir(ROOT)
     (bare / "pyproject.toml").write_text("[tool.other]\n")  # a project without simdist settings
     assert default_corpus([target]) == bare / "fuzz-cases"
     (bare / "pyproject.toml").write_text('[tool.simdist]\ncorpus = "cases"\n')
