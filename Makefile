@@ -41,7 +41,7 @@ test: lint
 # The documentation site (docs/, Sphinx): warnings are errors, as in CI; the HTML lands in build/docs.
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test,docs]"
+	$(PY) -m pip install --quiet -e ".[dev,docs]"
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)

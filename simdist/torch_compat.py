@@ -192,6 +192,7 @@ _lock = threading.Lock()
 
 
 def installed() -> bool:
+    """Whether the harnesses are routed to simdist now."""
     return _state is not None
 
 
@@ -203,7 +204,12 @@ def _replace(state: _Installed, owner: object, name: str, value: Any) -> None:
 
 
 def install() -> None:
-    """Route PyTorch's distributed test harnesses to simdist (idempotent)."""
+    """Route PyTorch's distributed test harnesses to simdist (idempotent).
+
+    Raises ``TorchCompatError`` on a torch release not in ``KNOWN_TORCH``.
+    Tests decorated with ``spawn_threads_and_init_comms`` must be defined
+    after this call (the decorator wraps them when the class is defined).
+    """
     global _state
     check_torch_version()
     with _lock:

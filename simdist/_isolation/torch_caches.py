@@ -128,6 +128,10 @@ OWN_ALREADY: dict[str, str] = {
 
 RANK_INDEPENDENT: dict[str, str] = {
     **_each(
+        "a constant table written at import (a validation tool's list of ops to skip, with the reason)",
+        f"{_DT}._ops.strategy_validation.SKIP_OPS",
+    ),
+    **_each(
         "a registry of ops, handlers or classes filled at import (or by explicit registration "
         "that every rank makes alike)",
         f"{_TD}._composable.replicate_with_fsdp.cls_to_replicate_cls",

@@ -20,6 +20,7 @@ from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
 
 from .._core import identity
 from .._core.records import P2POp, PendingCollective
+from .backward import register as register_backward_patch
 from .book import RankBook
 from .group_order import GroupOrder
 from .mode import SanitizerMode, here
@@ -123,6 +124,4 @@ def helper_started(world: Any, rank: int) -> None:
         books[rank].pin()
 
 
-from . import backward as _backward  # noqa: E402  (registers its patch; needs resync above)
-
-del _backward
+register_backward_patch(resync)

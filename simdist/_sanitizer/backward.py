@@ -10,6 +10,7 @@ in step as ``backward()`` / ``autograd.grad()`` return.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch.autograd
@@ -20,9 +21,7 @@ from .._isolation import patches
 _original: list[Any] = []
 
 
-def _install() -> None:
-    from . import resync
-
+def _install(resync: Callable[[], None]) -> None:
     original = torch.autograd.graph._engine_run_backward
     _original.append(original)
 
@@ -43,9 +42,12 @@ def _uninstall() -> None:
     torch.autograd._engine_run_backward = original  # its own import of it
 
 
-patches.register(
-    "async sanitizer",
-    _install,
-    _uninstall,
-    [(torch.autograd.graph, "_engine_run_backward"), (torch.autograd, "_engine_run_backward")],
-)
+def register(resync: Callable[[], None]) -> None:
+    """Register the patch, calling ``resync`` as each backward returns (the
+    package passes it in: this module imports nothing of the package)."""
+    patches.register(
+        "async sanitizer",
+        functools.partial(_install, resync),
+        _uninstall,
+        [(torch.autograd.graph, "_engine_run_backward"), (torch.autograd, "_engine_run_backward")],
+    )
