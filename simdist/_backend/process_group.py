@@ -100,6 +100,12 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def report_backend_as(self, name: str) -> None:
         """The backend name the program asked for ("gloo"), reported instead of "simdist"."""
         self._backend_name = name
+        if name.lower() == "nccl":
+            self.asked_for_nccl()
+
+    def asked_for_nccl(self) -> None:
+        """The program asked for NCCL: the sanitizer holds the group to NCCL's ordering rule."""
+        self._info.nccl = True
 
     @property
     def info(self) -> GroupInfo:

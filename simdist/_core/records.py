@@ -33,6 +33,9 @@ class GroupInfo:
     name: str
     ranks: tuple[int, ...]
     label: str
+    # The program asked for NCCL (``new_group(backend="nccl")``): the sanitizer
+    # then holds its async calls to NCCL's cross-communicator ordering rule.
+    nccl: bool = False
 
     def describe(self) -> str:
         return f"{self.label} {list(self.ranks)}"

@@ -26,6 +26,7 @@ import sys
 import threading
 from typing import Any, cast
 
+import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .._core.identity import me
@@ -175,6 +176,13 @@ def _report_backend_as(pg: Any, asked: Any) -> None:
     name c10d stored for the group, and on ``group._get_backend_name()``.
     """
     if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
+        return
+    if str(asked).lower() == "nccl" and not dist.is_nccl_available():
+        # When a call on a group named "nccl" raises, c10d's error logger asks
+        # torch.cuda.nccl for its version, and a torch built without NCCL raises
+        # AttributeError there, hiding simdist's error: such a group keeps
+        # reporting "simdist"; the sanitizer still holds it to NCCL's rules.
+        getattr(pg, "asked_for_nccl", lambda: None)()
         return
     name = str(asked) if ("," in str(asked) or ":" in str(asked)) else c10d.Backend(str(asked))
     world = c10d._world

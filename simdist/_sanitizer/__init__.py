@@ -46,7 +46,7 @@ def _books(world: Any) -> Any:
         if options is None or not options.check_async:
             books = False
         else:
-            order = GroupOrder() if options.check_group_order else None
+            order = GroupOrder(every_group=options.check_group_order)
             books = [RankBook(r, options.strict_async, order) for r in range(world.world_size)]
         world.__dict__[_KEY] = books
     return books

@@ -4,7 +4,10 @@ Rank 0 issues an async call on group A, then one on B with A still in flight;
 rank 1, a member of both, issues B's then A's. gloo completes both; on NCCL
 each communicator's kernel waits on its own stream for every member, and the
 two ranks' streams can each block on the call the other issued second: a
-hang. Checked when the run asks for it (``check_group_order=True``).
+hang. Checked for every pair of groups when the run asks for it
+(``check_group_order=True``), and always for two groups the program asked for
+as NCCL (``new_group(backend="nccl")``, ``init_process_group("nccl")``; a
+device map such as "cpu:gloo,cuda:nccl" only with the option).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ Instance = tuple[str, int]  # (group name, sequence number)
 class GroupOrder:
     """For each pair of call instances one rank had in flight together: who issued them in that order."""
 
-    def __init__(self) -> None:
+    def __init__(self, every_group: bool) -> None:
+        self._every_group = every_group
         self._lock = threading.Lock()
         self._before: dict[tuple[Instance, Instance], tuple[int, str, str]] = {}
 
@@ -32,6 +36,8 @@ class GroupOrder:
             old_group = getattr(old.waitable, "group", None)
             seq = getattr(old.waitable, "seq", None)
             if old_group is None or seq is None or old_group.name == group.name:
+                continue
+            if not (self._every_group or (group.nccl and old_group.nccl)):
                 continue
             theirs: Instance = (old_group.name, seq)
             with self._lock:

@@ -479,3 +479,20 @@ def test_timeouts_match_a_gloo_world() -> None:
             assert kind == g[case][0] == "RuntimeError", (rank, case, g[case], s[case])
             assert re.search(KEY_WORDS[case], g[case][1]), (rank, case, g[case])
             assert re.search(KEY_WORDS[case], message), (rank, case, message)
+
+
+def nccl_group_refused_call_body(ctx: Any) -> None:
+    group = dist.new_group([0, 1], backend="nccl")
+    dist.all_reduce(torch.ones(4)[::2], group=group)  # strided: simdist refuses it, naming the strides
+
+
+def test_an_error_on_a_group_asked_for_as_nccl_is_not_hidden_on_a_torch_without_nccl() -> None:
+    # c10d's error logger asks torch.cuda.nccl for its version when a call on a
+    # group reporting "nccl" raises; without NCCL built in that raised
+    # AttributeError in the rank, in place of simdist's refusal.
+    if dist.is_nccl_available():
+        pytest.skip("this torch has NCCL: the group reports nccl and the logger finds its version")
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(nccl_group_refused_call_body, world_size=2, timeout=TIMEOUT)
+    assert isinstance(info.value.__cause__, ValueError), repr(info.value.__cause__)
+    assert "contiguous" in str(info.value.__cause__)

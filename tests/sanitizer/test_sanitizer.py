@@ -276,9 +276,9 @@ def test_the_marker_has_it_on_by_default(ctx: simdist.RankContext) -> None:
 # -- NCCL's cross-communicator order -------------------------------------------------------
 
 
-def opposite_orders(ctx: simdist.RankContext, fixed: bool) -> float:
-    a = dist.new_group([0, 1])
-    b = dist.new_group([0, 1])
+def opposite_orders(ctx: simdist.RankContext, fixed: bool, backend: str | None = None) -> float:
+    a = dist.new_group([0, 1], backend=backend)
+    b = dist.new_group([0, 1], backend=backend)
     x, y = torch.ones(2), torch.ones(2)
     first, second = (a, b) if ctx.rank == 0 or fixed else (b, a)
     w1 = dist.all_reduce(x if first is a else y, group=first, async_op=True)
@@ -299,6 +299,18 @@ def test_opposite_group_orders_are_refused_when_asked_for() -> None:
 
 def test_opposite_group_orders_complete_as_on_gloo_by_default() -> None:
     assert simdist.run(opposite_orders, world_size=2, args=(False,)) == [8.0, 8.0]
+    assert simdist.run(opposite_orders, world_size=2, args=(False, "gloo")) == [8.0, 8.0]
+
+
+def test_opposite_group_orders_are_refused_on_groups_asked_for_as_nccl() -> None:
+    """The program asked for NCCL's semantics: no option needed."""
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(opposite_orders, world_size=2, args=(False, "nccl"))
+    message = str(info.value.failures[1])
+    assert "rank 0 issued them in the opposite order" in message and "NCCL" in message
+    assert simdist.run(opposite_orders, world_size=2, args=(True, "nccl")) == [8.0, 8.0]
+    # check_async=False turns the whole sanitizer off, this check with it
+    assert simdist.run(opposite_orders, world_size=2, args=(False, "nccl"), check_async=False) == [8.0, 8.0]
 
 
 def test_a_call_issued_while_another_is_in_flight_is_not_shown_to_the_shadow_group() -> None:
