@@ -24,6 +24,16 @@ def compat() -> Iterator[None]:
         torch_compat.uninstall()
 
 
+@pytest.fixture
+def native() -> Iterator[None]:
+    """torch's own launchers, whatever an earlier test of this process installed."""
+    was = torch_compat.installed()
+    torch_compat.uninstall()
+    yield
+    if was:
+        torch_compat.install()
+
+
 def outcome(case: type[unittest.TestCase], name: str) -> unittest.TestResult:
     result = unittest.TestResult()
     case(name).run(result)
@@ -90,7 +100,7 @@ def test_runs_on_simdist_ranks(compat: None) -> None:
     assert stats.count(op="all_reduce").calls == 3  # one per rank
 
 
-def test_threaded_cases_pass_natively_too() -> None:
+def test_threaded_cases_pass_natively_too(native: None) -> None:
     """The cases are right as written: torch's own threaded harness passes them."""
     assert not torch_compat.installed()
     assert passed(outcome(cases.ThreadCases, "test_all_gather"))
@@ -98,7 +108,7 @@ def test_threaded_cases_pass_natively_too() -> None:
     assert "Thread 3 exited with exception" in text
 
 
-def test_uninstall_puts_the_harnesses_back() -> None:
+def test_uninstall_puts_the_harnesses_back(native: None) -> None:
     mp = torch_compat.harness.MultiProcessTestCase
     mt = torch_compat.harness.MultiThreadedTestCase
     before = (vars(mp)["_spawn_processes"], vars(mp)["_join_processes"], vars(mt)["_join_threads"])
@@ -111,7 +121,7 @@ def test_uninstall_puts_the_harnesses_back() -> None:
     assert not torch_compat.installed()
 
 
-def test_unknown_torch_release_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_torch_release_refused(native: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")
     monkeypatch.delenv("SIMDIST_TORCH_COMPAT_ANY", raising=False)
     with pytest.raises(
