@@ -35,8 +35,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -440,18 +439,6 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_unconfigure(config: Any) -> None:
     uninstall()
-
-
-@contextmanager
-def installed_for(block: str = "") -> Iterator[None]:
-    """``install()`` for a block, put back after it unless it was installed before."""
-    was = installed()
-    install()
-    try:
-        yield
-    finally:
-        if not was:
-            uninstall()
 
 
 # -- distributed_test's file barrier --------------------------------------------
