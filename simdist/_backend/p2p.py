@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,9 +13,12 @@ from .. import _sanitizer, stacks
 from .._core.matching import ANY_SOURCE, AnySourceRecv
 from .._core.records import GroupInfo, P2POp
 from .._core.scheduler import Scheduler
+from .._isolation import profiler as _profiler
 from ..errors import CollectiveMismatchError
 from . import kernels as K
 from .current import _check_caller
+from .payload import T
+from .profiled import record as record_profiled
 from .shadow import modes_active, show
 from .validation import one
 from .work import SimWork
@@ -95,10 +99,13 @@ class PointToPoint(_Group):
         op = AnySourceRecv(
             "recv", self._info, ANY_SOURCE, self._global_rank, tag, t.data, stacks.call_site(2)
         )
+        started = perf_counter_ns() if _profiler.active else 0  # some rank profiles (profiled)
         self._world.before_p2p(op)
         _sanitizer.quietly(self._scheduler.post_p2p, op, deliver)
         work = _AnySourceWork(self._scheduler, self._global_rank, op, [t])
         work.timeout = self.timeout
+        if started:
+            record_profiled(self, "recv_anysource", {T: t}, started)
         return work
 
     def _own_tensor(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
@@ -109,10 +116,13 @@ class PointToPoint(_Group):
         return t
 
     def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
+        started = perf_counter_ns() if _profiler.active else 0  # some rank profiles (profiled)
         self._world.before_p2p(op)
         _sanitizer.quietly(self._scheduler.post_p2p, op, deliver)
         work = SimWork(self._scheduler, self._global_rank, op, [t])
         work.timeout = self.timeout
+        if started:
+            record_profiled(self, op.kind, {T: t}, started)
         return work
 
     def _peer(self, group_rank: int, op: str, arg: str) -> int:

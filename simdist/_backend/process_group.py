@@ -10,6 +10,7 @@ its rank, even when a collective is issued from an autograd thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from torch.distributed.distributed_c10d import GroupName
 from .. import _sanitizer, stacks
 from .._core.records import Call, GroupInfo
 from .._core.scheduler import Scheduler
+from .._isolation import profiler as _profiler
 from .._isolation.c10d_state import scoped_name
 from ..errors import UnsupportedOperationError
 from ..reduction import check_reduce_op
@@ -31,6 +33,8 @@ from .monitored import monitored_barrier
 from .ops import OPS, SPARSE, OpSpec, Whole
 from .p2p import PointToPoint
 from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
+from .profiled import as_one_call
+from .profiled import record as record_profiled
 from .refused import Refusals
 from .shadow import modes_active, show
 from .timeouts import seconds_of
@@ -128,6 +132,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         # The hot path of every collective: kept flat on purpose (each Python
         # call costs about as much as the bookkeeping it would hide).
         op = spec.name
+        started = perf_counter_ns() if _profiler.active else 0  # some rank profiles (profiled)
         if _current.world is not self._world or _current.rank != self._global_rank:
             _check_caller(self._scheduler, self._global_rank, op)
         seq = self._seq
@@ -156,6 +161,8 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         work = SimWork(self._scheduler, self._global_rank, pending, result)
         if self.timeout is not None:
             work.timeout = self.timeout
+        if started:
+            record_profiled(self, op, payload, started)
         return work
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
@@ -256,9 +263,10 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
                     f"all_gather_coalesced: output_tensor_lists[{r}] has {len(outs)} tensors, "
                     f"expected one per input tensor ({len(inputs)})"
                 )
-        works: list[dist.Work] = [
-            self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(inputs)
-        ]
+        with as_one_call(self, "all_gather", inputs, perf_counter_ns() if _profiler.active else 0):
+            works: list[dist.Work] = [
+                self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(inputs)
+            ]
         return all_of(self._scheduler, self._global_rank, works, [t for outs in output_lists for t in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:

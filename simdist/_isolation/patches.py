@@ -15,9 +15,12 @@ While runs are in progress simdist changes things a process has once:
 5. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
    ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
    that make threads a rank starts the rank's (``helpers``).
-6. ``profiler``: ``torch.autograd.profiler``'s ``_prepare_profiler``,
-   ``_enable_profiler`` and ``_disable_profiler``, so that a second thread
-   opening a profiler session while one is open is refused instead of
+6. ``profiler``: ``torch.autograd.profiler.profile``'s ``_prepare_trace``,
+   ``_start_trace`` and ``_parse_kineto_results``, ``torch.autograd``'s
+   ``_add_metadata_json``, and ``torch.autograd.profiler``'s
+   ``_prepare_profiler``, ``_enable_profiler`` and ``_disable_profiler``, so
+   that each rank profiles its own thread on torch's thread-local profiler
+   and Kineto, reached directly from a second thread, is refused instead of
    crashing the interpreter (``profiler``).
 
 ``ORDER`` is the one list (each module registers its patch under its name,

@@ -1,47 +1,242 @@
-"""torch's profiler keeps one session per process: one thread at a time may profile.
+"""torch's profiler inside ranks: every rank profiles its own thread, all at once.
 
 ``torch.autograd.profiler.profile`` and ``torch.profiler.profile`` run on
-Kineto, whose activity profiler is a process singleton: a second session
-prepared or enabled on another thread while one is open corrupts it, and
-the interpreter crashes (SIGSEGV) when either is closed. A real world runs
-each rank in its own process, so every rank may profile at once; simdist's
-ranks are threads of one process, and under the default schedule a rank
-that profiles a collective is still inside its session when the next rank
-enters its own.
+Kineto, whose activity profiler is a process singleton: two sessions open at
+once on two threads crash the interpreter (SIGSEGV) when either is closed. A
+real world runs each rank in its own process, so every rank may profile at
+once, and PyTorch's own tests do (their collectives inside a profiler, on
+every rank). Taking turns with the one session is no way out: closing a
+rank's session at a run-token switch and reopening it at the next frees the
+records a RecordFunction still open across the switch (a ``record_function``
+around a collective, autograd's own) writes into when it ends (measured: a
+segfault at exit).
 
-Making each rank's session its own would need a Kineto per thread (the
-RecordFunction callbacks are per thread; the session they report to is
-not), so simdist refuses instead of crashing: while runs are in progress,
-opening a session on a thread while another thread's is open raises
-``UnsupportedOperationError`` in the thread that tries, naming the holder.
-Sessions one after another, on any threads (rank 0 profiles, then rank 1),
-work. The caller's own session, open when a run starts, counts as open.
+So a session that a rank opens (on its thread or one of its helper threads,
+during a run) runs on torch's thread-local profiler instead, the one
+``torch.autograd.profiler_legacy`` drives: its state and callbacks belong to
+the thread, any number of threads may have one open at once, and the profile
+object ends with the usual ``FunctionEvent`` list (``function_events``,
+``events()``, ``key_averages()``, ``table()``, ``export_chrome_trace``).
+Such a session records the thread's ops and ``record_function`` ranges as
+Kineto does on CPU, plus what gloo's own profiling adds: each collective and
+point-to-point call of simdist's backend, issued while the session is open,
+is an asynchronous event named as gloo names it (``gloo:all_reduce``,
+``gloo:send``, ``gloo:recvAnySource``, with the backend name the program
+asked for) carrying the call's input shapes (``collective``). What it cannot
+give: device activities, and Kineto's own result (``experimental_event_tree``,
+the memory timeline), which raise ``UnsupportedOperationError`` when asked.
+
+Sessions outside ranks (the caller's around ``simdist.run``, any thread
+outside a run) stay Kineto's. Kineto itself, reached directly
+(``torch.autograd.profiler._prepare_profiler``/``_enable_profiler`` with a
+session of another thread open), is refused with ``UnsupportedOperationError``
+in the thread that tries instead of crashing, naming the holder.
 
 A rank that ends with its session still open (``prof.__enter__()`` without
-``__exit__``) would leave it to its parked thread's next run and keep the
-process's one session taken: ``close_left_open`` closes it, on the thread
-that opened it; helper threads call it as they end, and the rank-thread
-reset of ``_core/pool`` is where a rank's main thread should call it.
+``__exit__``) would leave it to its parked thread's next run:
+``close_left_open`` closes it, on the thread that opened it; helper threads
+and rank threads call it as they end.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.autograd.profiler as autograd_profiler
+from torch._C._profiler import ProfilerConfig, ProfilerState
+from torch.autograd.profiler_legacy import _parse_legacy_records
+from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from .._core.identity import me
 from ..errors import UnsupportedOperationError
 from . import patches
 
-__all__ = ["close_left_open", "holder"]
+__all__ = ["RankProfile", "close_left_open", "collective", "holder", "rank_session_open"]
 
 _PATCHED = ("_prepare_profiler", "_enable_profiler", "_disable_profiler")
+_PATCHED_PROFILE = ("_prepare_trace", "_start_trace", "_parse_kineto_results")
 _originals: dict[str, Any] = {}
 _lock = threading.Lock()
-# The thread whose session is open (its ident and a description), or None.
+# The thread whose Kineto session is open (its ident and a description), or None.
 _holder: tuple[int, str] | None = None
+
+
+class _RankSession:
+    """One rank thread's open session: when it began and the backend's calls it saw."""
+
+    __slots__ = ("calls", "key", "start_ns")
+
+    def __init__(self, start_ns: int, key: tuple[int, int] | None) -> None:
+        self.start_ns = start_ns
+        self.key = key  # (world, rank) when it is the rank's main thread's
+        self.calls: list[tuple[str, list[list[int]], int, int]] = []
+
+
+# Rank sessions open now, by thread; and by (world, rank) for a rank's main
+# thread, where a call issued on another of the rank's threads is recorded.
+_sessions: dict[int, _RankSession] = {}
+_by_rank: dict[tuple[int, int], _RankSession] = {}
+# Any rank session open: the backend's cheap check before it records a call.
+active = False
+
+
+def rank_session_open() -> bool:
+    """Whether the calling thread has a rank session open (tests, thread resets)."""
+    return threading.get_ident() in _sessions
+
+
+def collective(title: str, inputs: Sequence[torch.Tensor], start_ns: int) -> None:
+    """Record one backend call (``gloo:all_reduce``) that began at ``start_ns``
+    (``time.perf_counter_ns``) in the session of the calling thread, else of
+    its rank's main thread; nothing when neither profiles."""
+    session = _sessions.get(threading.get_ident())
+    if session is None:
+        world = me.world
+        if world is None:
+            return
+        session = _by_rank.get((id(world), me.rank))
+        if session is None:
+            return
+    # gloo records a complex tensor as the real view it sends.
+    shapes = [list(torch.view_as_real(t).shape if t.is_complex() else t.shape) for t in inputs]
+    session.calls.append((title, shapes, start_ns, time.perf_counter_ns()))
+
+
+class RankProfile:
+    """What a rank's session ends with, in place of Kineto's ``_ProfilerResult``:
+    the profile object's ``_parse_kineto_results`` (patched) takes its events."""
+
+    def __init__(self, records: Any, session: _RankSession) -> None:
+        self._records = records
+        self._session = session
+        self._events: list[FunctionEvent] | None = None
+
+    def __bool__(self) -> bool:
+        return True
+
+    def function_events(self) -> list[FunctionEvent]:
+        if self._events is None:
+            events = _parse_legacy_records(self._records)
+            thread = next((r.thread_id() for records in self._records for r in records), 0)
+            next_id = max((e.id for e in events), default=0) + 1
+            start = self._session.start_ns
+            for i, (title, shapes, began, ended) in enumerate(self._session.calls):
+                events.append(
+                    FunctionEvent(
+                        id=next_id + i,
+                        name=title,
+                        trace_name=title,
+                        thread=thread,
+                        start_us=max(0, began - start) / 1000,
+                        end_us=max(0, ended - start) / 1000,
+                        input_shapes=shapes,
+                        is_async=True,  # gloo's end on its worker thread
+                    )
+                )
+            self._events = events
+        return list(self._events)
+
+    def save(self, path: str) -> None:
+        """``export_chrome_trace``: the same events, written by torch's own exporter,
+        in the object form Kineto writes (``{"traceEvents": [...]}``, what trace
+        tools read) rather than the exporter's bare list."""
+        EventList(self.function_events()).export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+    def _refuse(self, what: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(
+            f"{what} needs Kineto's result, which a profile taken inside a simdist rank does not "
+            f"have: ranks profile on torch's thread-local profiler (Kineto keeps one session per "
+            f"process). Its function events (events(), key_averages(), export_chrome_trace) are "
+            f"there; for Kineto's own, profile the program in a real world (simdist.launch, torchrun)"
+        )
+
+    def events(self) -> Any:
+        raise self._refuse("the profile's Kineto events (kineto_results.events())")
+
+    def experimental_event_tree(self) -> Any:
+        raise self._refuse("the profile's event tree (experimental_event_tree, the memory timeline)")
+
+    def trace_activities(self) -> Any:
+        raise self._refuse("the profile's trace activities (export with use_python_export=True)")
+
+    def trace_start_ns(self) -> Any:
+        raise self._refuse("the profile's trace start (trace_start_ns)")
+
+
+# -- rank sessions: torch's profile methods, patched ---------------------------
+
+
+def _prepare_trace(self: Any) -> None:
+    if me.world is None:
+        return _originals["profile._prepare_trace"](self)
+    self.entered = True  # the thread-local profiler has nothing to prepare
+
+
+def _start_trace(self: Any) -> None:
+    world = me.world
+    if world is None:
+        return _originals["profile._start_trace"](self)
+    global active
+    self.entered = True
+    autograd_profiler._run_on_profiler_start()
+    cuda = self.use_device == "cuda" and torch.cuda.is_available()
+    config = ProfilerConfig(
+        ProfilerState.CUDA if cuda else ProfilerState.CPU,
+        self.record_shapes,
+        self.profile_memory,
+        self.with_stack,
+        self.with_flops,
+        self.with_modules,
+        self.experimental_config,
+    )
+    torch.autograd._enable_profiler_legacy(config)  # torch's own error if one is open here
+    start = time.perf_counter_ns()
+    self.profiling_start_time_ns = start
+    key = (id(world), me.rank) if me.helper is None else None
+    session = _RankSession(start, key)
+    with _lock:
+        _sessions[threading.get_ident()] = session
+        if key is not None:
+            _by_rank[key] = session
+        active = True
+
+
+def _add_metadata_json(key: str, value: str) -> None:
+    # torch.profiler.profile adds its metadata to Kineto's trace, which a rank's
+    # session has none of (torch warns "Profiler is not initialized" per key);
+    # the profile object keeps its own copy.
+    if threading.get_ident() not in _sessions:
+        _originals["_add_metadata_json"](key, value)
+
+
+def _parse_kineto_results(self: Any, result: Any, timeout_s: float | None = None) -> Any:
+    if isinstance(result, RankProfile):
+        return result.function_events()
+    return _originals["profile._parse_kineto_results"](self, result, timeout_s=timeout_s)
+
+
+def _end_rank_session() -> _RankSession | None:
+    """The calling thread's rank session, taken out of the tables (None: it has none)."""
+    global active
+    ident = threading.get_ident()
+    with _lock:
+        session = _sessions.pop(ident, None)
+        if session is not None and session.key is not None and _by_rank.get(session.key) is session:
+            del _by_rank[session.key]
+        active = bool(_sessions)
+    return session
+
+
+# -- Kineto itself: one session per process ------------------------------------
 
 
 def _describe() -> str:
@@ -54,7 +249,7 @@ def _describe() -> str:
 
 
 def holder() -> str | None:
-    """Who holds the process's profiling session now (None: nobody), for reports and tests."""
+    """Who holds the process's Kineto session now (None: nobody), for reports and tests."""
     with _lock:
         return None if _holder is None else _holder[1]
 
@@ -70,11 +265,11 @@ def _claim() -> None:
             return
         held_by = _holder[1]
     raise UnsupportedOperationError(
-        f"{_describe()} opened a torch profiler session while {held_by} still has one open: "
+        f"{_describe()} opened a Kineto profiler session while {held_by} still has one open: "
         f"torch's profiler (Kineto) keeps one session per process, and two at once crash the "
-        f"interpreter. In a real world each rank is a process; under simdist profile one rank "
-        f"at a time (for example only rank 0, or one rank after another), or run the program "
-        f"in a real world (simdist.launch, torchrun)"
+        f"interpreter. Inside ranks, torch.autograd.profiler.profile and torch.profiler.profile "
+        f"profile each rank on its own; torch.autograd's _prepare_profiler and _enable_profiler, "
+        f"called directly, are Kineto's, so call them from one thread at a time"
     )
 
 
@@ -104,6 +299,9 @@ def _enable_profiler(*args: Any, **kwargs: Any) -> Any:
 
 
 def _disable_profiler(*args: Any, **kwargs: Any) -> Any:
+    session = _end_rank_session()
+    if session is not None:
+        return RankProfile(torch.autograd._disable_profiler_legacy(), session)
     try:
         return _originals["_disable_profiler"](*args, **kwargs)
     finally:
@@ -114,8 +312,9 @@ def close_left_open() -> bool:
     """Close the calling thread's profiling session if it is still open
     (a rank or helper thread at its end); True if there was one. The events
     are dropped: nobody is left to read them."""
-    import torch.autograd
-
+    if _end_rank_session() is not None:
+        torch.autograd._disable_profiler_legacy()
+        return True
     if not torch.autograd._profiler_enabled():
         return False
     try:
@@ -127,13 +326,17 @@ def close_left_open() -> bool:
 
 def install() -> None:
     global _holder
+    profile = autograd_profiler.profile
     _originals.update({name: getattr(autograd_profiler, name) for name in _PATCHED})
+    _originals.update({f"profile.{name}": vars(profile)[name] for name in _PATCHED_PROFILE})
     for name in _PATCHED:
         setattr(autograd_profiler, name, globals()[name])
-    import torch.autograd
-
+    for name in _PATCHED_PROFILE:
+        setattr(profile, name, globals()[name])
+    _originals["_add_metadata_json"] = torch.autograd._add_metadata_json
+    torch.autograd._add_metadata_json = _add_metadata_json
     # The first run's caller may be inside a session of its own (a profiler
-    # around simdist.run): its thread holds the process's session.
+    # around simdist.run): its thread holds the process's Kineto session.
     with _lock:
         if _holder is None and torch.autograd._profiler_enabled():
             _holder = (threading.get_ident(), f"the caller's thread {threading.current_thread().name!r}")
@@ -143,9 +346,19 @@ def uninstall() -> None:
     global _holder
     for name in _PATCHED:
         setattr(autograd_profiler, name, _originals[name])
+    for name in _PATCHED_PROFILE:
+        setattr(autograd_profiler.profile, name, _originals[f"profile.{name}"])
+    torch.autograd._add_metadata_json = _originals["_add_metadata_json"]
     with _lock:
         # Outside runs nothing is tracked: the next run looks afresh.
         _holder = None
 
 
-patches.register("profiler", install, uninstall, [(autograd_profiler, name) for name in _PATCHED])
+patches.register(
+    "profiler",
+    install,
+    uninstall,
+    [(autograd_profiler, name) for name in _PATCHED]
+    + [(autograd_profiler.profile, name) for name in _PATCHED_PROFILE]
+    + [(torch.autograd, "_add_metadata_json")],
+)
