@@ -295,3 +295,25 @@ def test_outside_runs_torch_profiler_is_torchs_own(name: str) -> None:
     import torch.autograd.profiler as autograd_profiler
 
     assert not getattr(autograd_profiler, name).__module__.startswith("simdist")
+
+
+def test_a_session_nested_in_a_ranks_session_is_torchs_error_not_an_empty_outer() -> None:
+    """On Kineto a nested session takes the outer one's place and the outer
+    ends empty with a warning; a rank's thread-local profiler refuses the
+    nested one with torch's own error, and the outer keeps its events."""
+    out = run_program(
+        """
+        def body(ctx):
+            with torch.autograd.profiler.profile() as outer:
+                torch.mul(torch.ones(2), 3)
+                try:
+                    with torch.autograd.profiler.profile():
+                        pass
+                except RuntimeError as exc:
+                    refused = str(exc)
+            return refused, "aten::mul" in {e.name for e in outer.function_events}
+
+        print(simdist.run(body, world_size=2, timeout=60)[0])
+        """
+    )
+    assert out.strip() == "('Profiler is already enabled on this thread', True)"
