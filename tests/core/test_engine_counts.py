@@ -1,0 +1,83 @@
+"""What one collective costs the engine does not grow with the world: counted, not timed.
+
+cProfile counts every Python and builtin call of the threads that make the
+calls; a window of ``2k`` calls minus a window of ``k`` calls, over ``k``,
+is what one call costs, exactly (the windows' edges cancel), so these
+figures are the same on every run and every machine. benchmarks/engine_calls.py
+prints them, with wake-ups, state swaps and deadlock walks, for more worlds.
+"""
+
+from __future__ import annotations
+
+import cProfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import simdist
+
+K = 4
+
+
+def _calls(body: Callable[[], None]) -> int:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        body()
+    finally:
+        profiler.disable()
+    return sum(entry.callcount for entry in profiler.getstats())
+
+
+def _per_call(group: Any) -> int:
+    t = torch.ones(8)
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            dist.all_reduce(t, group=group)
+
+    loop(3)  # first-call caches
+    small = _calls(lambda: loop(K))
+    return _calls(lambda: loop(2 * K)) - small
+
+
+def _pair_body(ctx: Any, others: str) -> int | None:
+    out = _per_call(ctx.groups.tp) if ctx.rank < 2 else None
+    if others == "barrier":
+        dist.barrier()
+    return out
+
+
+def pair_calls(world: int, others: str) -> float:
+    """Calls per 2-rank all_reduce (both ranks together) in a world of ``world``."""
+    results = simdist.run(_pair_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(others,), timeout=300)
+    return sum(r for r in results if r is not None) / K
+
+
+def _world_body(ctx: Any) -> int:
+    return _per_call(None)
+
+
+def world_calls_per_rank(world: int) -> float:
+    """Calls per rank of one all_reduce on the whole world."""
+    return sum(simdist.run(_world_body, world_size=world, timeout=300)) / K / world
+
+
+def test_counts_are_deterministic() -> None:
+    assert pair_calls(8, "returned") == pair_calls(8, "returned")
+    assert world_calls_per_rank(8) == world_calls_per_rank(8)
+
+
+def test_two_rank_collective_costs_the_same_in_a_1024_rank_world() -> None:
+    small = pair_calls(8, "returned")
+    assert pair_calls(1024, "returned") <= small + 4, "others returned"
+    assert pair_calls(1024, "barrier") <= pair_calls(8, "barrier") + 4, "others waiting in a barrier"
+
+
+def test_a_world_collective_costs_each_rank_the_same_at_8_and_128_ranks() -> None:
+    # The run token's queue is a heap (O(log n) per switch): a few calls per
+    # doubling is all a rank may pay for a larger world.
+    small, large = world_calls_per_rank(8), world_calls_per_rank(128)
+    assert large <= small + 12, (small, large)
