@@ -10,8 +10,8 @@ each case it prints, per collective call (or per whole run for an empty world):
   a comprehension is one call but many lines: this column shows O(world)
   scans that the call count hides);
 * wake-ups: ``Condition.notify``/``notify_all``, ``Event.set`` and simdist's
-  own parker releases and hold wake-ups, counted by wrapping them (every
-  thread of the process);
+  own parker releases and hold wake-ups, counted by wrapping them (in the
+  same threads; every thread for an empty world);
 * swap: per-rank state slots read, written or copied at run-token switches
   (``RankStates``), and the fingerprints read to decide what to skip;
 * walks: exact deadlock-check graph walks (``cannot_complete_threads``) and
@@ -55,13 +55,20 @@ ROOT = Path(__file__).resolve().parent.parent
 # Counting, in the child process.
 # --------------------------------------------------------------------------- #
 
-_counts: Counter[str] = Counter()
+_counts: Counter[str] = Counter()  # every thread's (an empty world's start and teardown)
 _counts_lock = threading.Lock()
+_every_thread = False
+# Else only threads inside a window count, each its own share: other threads'
+# clean-up runs when the OS lets it, so counting it would make the figure timing's.
+_own = threading.local()
 
 
 def _count(key: str) -> None:
-    with _counts_lock:
-        _counts[key] += 1
+    if _every_thread:
+        with _counts_lock:
+            _counts[key] += 1
+    elif getattr(_own, "counts", None) is not None:
+        _own.counts[key] += 1
 
 
 def _wrap(owner: Any, name: str, key: str) -> None:
@@ -130,6 +137,7 @@ class ThreadCounts:
 
     def __init__(self) -> None:
         self.lines = 0
+        self.wrapped: Counter[str] = Counter()  # the last "wrapped" window's counts
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
         if event == "line":
@@ -154,25 +162,25 @@ class ThreadCounts:
             finally:
                 sys.settrace(None)
             return self.lines
-        before = sum(_counts.values())
-        body()
-        return sum(_counts.values()) - before
+        _own.counts = Counter()
+        try:
+            body()
+        finally:
+            self.wrapped, _own.counts = _own.counts, None
+        return 0
 
 
 def _window_counts(mode: str, k: int, loop: Callable[[int], None]) -> dict[str, int]:
-    """The counts of a window of ``k`` and one of ``2k`` calls of the calling thread.
-    Wrapped counters are process-wide: the pair's lowest rank reads them."""
+    """The counts of a window of ``2k`` calls minus those of a window of ``k``
+    calls, in the calling thread (each thread in a window counts its own share
+    of the wrapped counters)."""
     counter = ThreadCounts()
     if mode == "wrapped":
-        snapshot = Counter(_counts)
-        loop(k)
-        first = Counter(_counts)
-        loop(2 * k)
-        second = Counter(_counts)
-        return {
-            key: (second[key] - first[key]) - (first[key] - snapshot[key])
-            for key in set(second) | set(snapshot)
-        }
+        counter.window(mode, lambda: loop(k))
+        small = counter.wrapped
+        counter.window(mode, lambda: loop(2 * k))
+        large = counter.wrapped
+        return {key: large[key] - small[key] for key in set(small) | set(large)}
     small = counter.window(mode, lambda: loop(k))
     large = counter.window(mode, lambda: loop(2 * k))
     return {mode: large - small}
@@ -203,16 +211,14 @@ def pair_body(ctx: Any, mode: str, k: int, others: str) -> dict[str, int] | None
         out = _window_counts(mode, k, loop)
     if others == "barrier":
         dist.barrier()
-    # The wrapped counters are the process's: one rank reports them.
-    return out if mode != "wrapped" or ctx.rank == 0 else None
+    return out
 
 
 def world_body(ctx: Any, mode: str, k: int) -> dict[str, int] | None:
     """Every rank calls all_reduce on the world group, counted."""
     loop = _all_reduces(None)
     loop(5)
-    out = _window_counts(mode, k, loop)
-    return out if mode != "wrapped" or ctx.rank == 0 else None
+    return _window_counts(mode, k, loop)
 
 
 def _sum(results: list[dict[str, int] | None]) -> dict[str, int]:
@@ -280,6 +286,8 @@ def child_start(mode: str, world: int) -> dict[str, Any]:
         sys.settrace(counter._trace)
         return counter._trace(frame, event, arg)
 
+    global _every_thread
+    _every_thread = mode == "wrapped"
     before = Counter(_counts)
     if mode == "calls":
         threading.setprofile(boot_profile)

@@ -10,13 +10,17 @@ prints them, with wake-ups, state swaps and deadlock walks, for more worlds.
 from __future__ import annotations
 
 import cProfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import simdist
+from simdist._core import slots
+from simdist._isolation import hold
 
 K = 4
 
@@ -81,3 +85,49 @@ def test_a_world_collective_costs_each_rank_the_same_at_8_and_128_ranks() -> Non
     # doubling is all a rank may pay for a larger world.
     small, large = world_calls_per_rank(8), world_calls_per_rank(128)
     assert large <= small + 12, (small, large)
+
+
+def _wakeups_body(ctx: Any, counts: threading.local) -> int | None:
+    if ctx.rank >= 2:
+        return None
+    t = torch.ones(8)
+    group = ctx.groups.tp
+
+    def window(n: int) -> int:
+        counts.n = 0
+        for _ in range(n):
+            dist.all_reduce(t, group=group)
+        woken, counts.n = counts.n, None
+        return int(woken)
+
+    window(3)
+    small = window(K)
+    return window(2 * K) - small
+
+
+def test_a_switch_wakes_exactly_the_next_holder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-rank all_reduce hands the run token over once: one thread woken,
+    no broadcast, no spare wake-up of the process hold's waiters (there are none)."""
+    counts = threading.local()
+
+    def counting(original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if getattr(counts, "n", None) is not None:
+                counts.n += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    for owner, name in [
+        (slots.Parker, "unpark"),
+        (hold, "_wake"),
+        (threading.Condition, "notify"),
+        (threading.Condition, "notify_all"),
+        (threading.Event, "set"),
+    ]:
+        monkeypatch.setattr(owner, name, counting(getattr(owner, name)))
+    for world in (8, 1024):
+        results = simdist.run(
+            _wakeups_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(counts,), share_args=True
+        )
+        assert sum(r for r in results if r is not None) / K == 1.0, world
