@@ -397,7 +397,9 @@ def main() -> None:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--before", metavar="REV", help="also count simdist as of this git revision")
     parser.add_argument("--quick", action="store_true", help="fewer calls per window, fewer cases")
-    parser.add_argument("--only", metavar="TEXT", help="only the cases whose label contains TEXT")
+    parser.add_argument(
+        "--only", metavar="TEXT[,TEXT...]", help="only the cases whose label contains one of these texts"
+    )
     opts = parser.parse_args()
     if opts.child:
         print(json.dumps(child(*opts.child)))
@@ -412,7 +414,7 @@ def main() -> None:
     print("Engine work per collective call (whole run for an empty world), counted; deterministic\n")
     rows = []
     for label, kind, args in cases(opts.quick):
-        if opts.only and opts.only not in label:
+        if opts.only and not any(text in label for text in opts.only.split(",")):
             continue
         for name, root in roots.items():
             rows.append([f"{label}, {name}", *cells(measure(root, kind, *args, timeout=900))])
