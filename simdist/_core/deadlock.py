@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from ..errors import DeadlockError, PeerFailedError, mark_consequence
 from .matching import CollectiveTable, P2PTable
-from .records import RankState, ThreadExit, Waitable, copy_error
+from .records import PendingCollective, RankState, ThreadExit, Waitable, copy_error
 from .report import world_report_locked
 from .slots import HelperSlot, Slots
 from .state import Aborts, Findings
@@ -143,8 +143,17 @@ class Detector:
         slots = self._slots
         ranks = slots.ranks
         if trigger is not None:
-            # The common case, kept O(group size): every rank it needs runs.
-            needed = ranks[trigger].waiting_on.needed_ranks()  # type: ignore[union-attr]  # a rank in the graph is waiting
+            waitable = ranks[trigger].waiting_on
+            assert waitable is not None  # the trigger has just started to wait
+            # The common case, O(1): every main thread that does not run waits
+            # in this very collective, so each member that has not joined runs.
+            if (
+                isinstance(waitable, PendingCollective)
+                and slots.world_size - slots.running == waitable.waiters
+            ):
+                return None
+            # Else O(group size): every rank it needs runs (or a helper of it does).
+            needed = waitable.needed_ranks()
             if all(ranks[p].state is RankState.RUNNING or slots.progressing(p) for p in needed):
                 return None
             # A peer that has left: certain at once, no walk needed to know it.

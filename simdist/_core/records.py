@@ -86,6 +86,9 @@ class Waitable:
 
     done: bool = False
     error: SimulationError | BaseException | None = None
+    # Main threads waiting on it right now (kept by ``Slots``): the deadlock
+    # check's O(1) common case reads it.
+    waiters: int = 0
 
     def needed_ranks(self) -> Sequence[int]:
         """Global ranks that must still act for this to complete."""

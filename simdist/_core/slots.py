@@ -95,6 +95,7 @@ class Slots:
         """RUNNING -> WAITING on ``waitable``."""
         slot.state = RankState.WAITING
         slot.waiting_on = waitable
+        waitable.waiters += 1
         self.running -= 1
 
     def resume_locked(self, slot: RankSlot) -> bool:
@@ -102,6 +103,8 @@ class Slots:
         if slot.state is not RankState.WAITING:
             return False
         slot.state = RankState.RUNNING
+        if slot.waiting_on is not None:
+            slot.waiting_on.waiters -= 1
         slot.waiting_on = None
         self.running += 1
         return True
@@ -113,6 +116,8 @@ class Slots:
             return False
         if slot.state is RankState.RUNNING:
             self.running -= 1
+        elif slot.waiting_on is not None:
+            slot.waiting_on.waiters -= 1
         slot.state = state
         self.gone.add(rank)
         slot.waiting_on = None

@@ -39,8 +39,14 @@ class Hold:
         self.thread = thread
 
 
-_meta = threading.Lock()  # guards _holder; held for instants only
+_meta = threading.Lock()  # guards _holder and _waiters; held for instants only
 _holder: Hold | None = None
+# Threads waiting in take(): giving up the hold wakes them only when there
+# are some (a run's ranks hand the token on at every switch; nobody waits).
+# Counted in the same instant as the look that found the hold taken, so a
+# release after that look always wakes. A count left high by an exception
+# landing in between only costs a spare wake-up.
+_waiters = 0
 # A wake-up permit for waiters, released whenever the hold is given up
 # (a stale permit costs one extra look at _holder).
 _free = threading.Lock()
@@ -57,19 +63,28 @@ def _wake() -> None:
 def take(states: Any, aborted: Callable[[], Any] = lambda: None) -> bool:
     """Hold the process for ``states``'s run; give up (False) once ``aborted()``
     says so. A thread that already holds it keeps it (now for ``states``)."""
-    global _holder
+    global _holder, _waiters
     ident = threading.get_ident()
-    while True:
-        with _meta:
-            held = _holder
-            if held is None or held.thread == ident:
-                if held is None or held.states is not states:
-                    _holder = held = Hold(states, ident)
-                me.hold = held
-                return True
-        if aborted() is not None:
-            return False
-        _free.acquire(timeout=_POLL_S)
+    counted = False
+    try:
+        while True:
+            with _meta:
+                held = _holder
+                if held is None or held.thread == ident:
+                    if held is None or held.states is not states:
+                        _holder = held = Hold(states, ident)
+                    me.hold = held
+                    return True
+                if not counted:
+                    _waiters += 1
+                    counted = True
+            if aborted() is not None:
+                return False
+            _free.acquire(timeout=_POLL_S)
+    finally:
+        if counted:
+            with _meta:
+                _waiters -= 1
 
 
 def holds(states: Any) -> bool:
@@ -88,7 +103,9 @@ def release() -> None:
         if held is None or held.thread != threading.get_ident():
             return
         _holder = None
-    _wake()
+        waiting = _waiters
+    if waiting:
+        _wake()
 
 
 def release_for(states: Any) -> None:
@@ -99,7 +116,9 @@ def release_for(states: Any) -> None:
         if held is None or held.states is not states:
             return
         _holder = None
-    _wake()
+        waiting = _waiters
+    if waiting:
+        _wake()
 
 
 def held_states() -> Any:

@@ -1,0 +1,147 @@
+"""What one collective costs the engine does not grow with the world: counted, not timed.
+
+cProfile counts every Python and builtin call of the threads that make the
+calls; a window of ``2k`` calls minus a window of ``k`` calls, over ``k``,
+is what one call costs, exactly (the windows' edges cancel), so these
+figures are the same on every run and every machine. benchmarks/engine_calls.py
+prints them, with wake-ups, state swaps and deadlock walks, for more worlds.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist._core import slots
+from simdist._isolation import hold
+
+K = 4
+
+
+@pytest.fixture(autouse=True)
+def _no_collector() -> Iterator[None]:
+    """A garbage collection inside a window runs finalizers and weakref
+    callbacks left by earlier tests: calls that are not the engine's."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _calls(body: Callable[[], None]) -> int:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        body()
+    finally:
+        profiler.disable()
+    return sum(entry.callcount for entry in profiler.getstats())
+
+
+def _per_call(group: Any) -> int:
+    t = torch.ones(8)
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            dist.all_reduce(t, group=group)
+
+    loop(3)  # first-call caches
+    small = _calls(lambda: loop(K))
+    return _calls(lambda: loop(2 * K)) - small
+
+
+def _pair_body(ctx: Any, others: str) -> int | None:
+    out = _per_call(ctx.groups.tp) if ctx.rank < 2 else None
+    if others == "barrier":
+        dist.barrier()
+    return out
+
+
+def pair_calls(world: int, others: str) -> float:
+    """Calls per 2-rank all_reduce (both ranks together) in a world of ``world``."""
+    results = simdist.run(_pair_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(others,), timeout=300)
+    return sum(r for r in results if r is not None) / K
+
+
+def _world_body(ctx: Any) -> int:
+    return _per_call(None)
+
+
+def world_calls_per_rank(world: int) -> float:
+    """Calls per rank of one all_reduce on the whole world."""
+    return sum(simdist.run(_world_body, world_size=world, timeout=300)) / K / world
+
+
+def test_counts_are_deterministic() -> None:
+    assert pair_calls(8, "returned") == pair_calls(8, "returned")
+    assert world_calls_per_rank(8) == world_calls_per_rank(8)
+
+
+def test_two_rank_collective_costs_the_same_in_a_1024_rank_world() -> None:
+    small = pair_calls(8, "returned")
+    assert pair_calls(1024, "returned") <= small + 4, "others returned"
+    assert pair_calls(1024, "barrier") <= pair_calls(8, "barrier") + 4, "others waiting in a barrier"
+
+
+def test_a_world_collective_costs_each_rank_the_same_at_32_and_256_ranks() -> None:
+    # What may grow: the share of ranks that take the token over ((n-1)/n of
+    # one switch each) and the run token's queue, a heap (O(log n) a switch).
+    # What may not: any scan of the members per rank (it was O(world)).
+    small, large = world_calls_per_rank(32), world_calls_per_rank(256)
+    assert large <= small + 16, (small, large)
+
+
+def _wakeups_body(ctx: Any, counts: threading.local) -> int | None:
+    if ctx.rank >= 2:
+        return None
+    t = torch.ones(8)
+    group = ctx.groups.tp
+
+    def window(n: int) -> int:
+        counts.n = 0
+        for _ in range(n):
+            dist.all_reduce(t, group=group)
+        woken, counts.n = counts.n, None
+        return int(woken)
+
+    window(3)
+    small = window(K)
+    return window(2 * K) - small
+
+
+def test_a_switch_wakes_exactly_the_next_holder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-rank all_reduce hands the run token over once: one thread woken,
+    no broadcast, no spare wake-up of the process hold's waiters (there are none)."""
+    counts = threading.local()
+
+    def counting(original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if getattr(counts, "n", None) is not None:
+                counts.n += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    for owner, name in [
+        (slots.Parker, "unpark"),
+        (hold, "_wake"),
+        (threading.Condition, "notify"),
+        (threading.Condition, "notify_all"),
+        (threading.Event, "set"),
+    ]:
+        monkeypatch.setattr(owner, name, counting(getattr(owner, name)))
+    for world in (8, 1024):
+        results = simdist.run(
+            _wakeups_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(counts,), share_args=True
+        )
+        assert sum(r for r in results if r is not None) / K == 1.0, world
