@@ -185,3 +185,26 @@ def test_a_helper_thread_racing_a_synchronous_call_of_its_rank_is_caught(
     caught, nothing = simdist.run(body, world_size=2)
     assert nothing == [] and len(caught) == 1
     assert caught[0].startswith("rank 0: aten.add_ at ") and "all_reduce on group world" in caught[0]
+
+
+def test_a_backend_call_whose_options_say_synchronous_is_taken_at_its_word() -> None:
+    """``asyncOp=False`` is how c10d's wrappers say they wait at once: a program
+    that calls the backend itself with it and reads first is not refused (see
+    docs/differences.md, ``sync-options-trusted``); the default options are."""
+
+    def body(ctx: simdist.RankContext) -> list[object]:
+        group = dist.group.WORLD
+        assert group is not None
+        t = torch.ones(2)
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        work = group.allreduce([t], opts)
+        t.clone()  # not refused
+        work.wait()
+        work = group.allreduce([t], dist.AllreduceOptions())
+        with pytest.raises(simdist.AsyncRaceError):
+            t.clone()
+        work.wait()
+        return t.tolist()
+
+    assert simdist.run(body, world_size=2) == [[4.0, 4.0]] * 2
