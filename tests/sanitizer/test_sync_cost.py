@@ -208,3 +208,29 @@ def test_a_backend_call_whose_options_say_synchronous_is_taken_at_its_word() -> 
         return t.tolist()
 
     assert simdist.run(body, world_size=2) == [[4.0, 4.0]] * 2
+
+
+def send(tensor: torch.Tensor, dst: int) -> dist.Work | None:
+    """A program's own ``send`` around ``isend``: not c10d's, so not synchronous."""
+    return dist.isend(tensor, dst)
+
+
+@pytest.mark.parametrize("form", ["batch_isend_irecv", "own_send_wrapper"])
+def test_p2p_that_c10d_does_not_wait_for_at_once_stays_in_flight(form: str) -> None:
+    def body(ctx: simdist.RankContext) -> str:
+        t = torch.ones(4) if ctx.rank == 0 else torch.zeros(4)
+        if form == "batch_isend_irecv":
+            op = dist.isend if ctx.rank == 0 else dist.irecv
+            (work,) = dist.batch_isend_irecv([dist.P2POp(op, t, 1 - ctx.rank)])
+        elif ctx.rank == 0:
+            work = send(t, 1)
+        else:
+            work = dist.irecv(t, 0)
+        assert work is not None
+        with pytest.raises(simdist.AsyncRaceError) as info:
+            t.fill_(7.0)  # a write races with the send's read and the recv's write alike
+        work.wait()
+        return str(info.value)
+
+    sent, received = simdist.run(body, world_size=2)
+    assert "isend to rank 1" in sent and "irecv from rank 0" in received
