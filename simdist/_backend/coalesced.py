@@ -30,7 +30,7 @@ class Coalesced(_Group):
     _global_rank: int
 
     # Provided by the group (its single forms past the dispatch modes).
-    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> SimWork:
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         raise NotImplementedError
 
     def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
@@ -47,7 +47,7 @@ class Coalesced(_Group):
                 list(inputs),
                 _or(opts, _c10d.AllgatherOptions),
             )
-        works: list[dist.Work] = [self._all_gather_single(o, i) for o, i in zip(outputs, inputs)]
+        works: list[dist.Work] = [self._all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return all_of(self._scheduler, self._global_rank, works, list(outputs))
 
     def allgather_into_tensor_coalesced(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
@@ -36,9 +37,14 @@ class _AnySourceWork(SimWork):
     """An any-source recv's handle: ``_source_rank()`` is the sender's group rank."""
 
     def __init__(
-        self, scheduler: Scheduler, rank: int, op: AnySourceRecv, result: list[torch.Tensor]
+        self,
+        scheduler: Scheduler,
+        rank: int,
+        op: AnySourceRecv,
+        result: list[torch.Tensor],
+        synchronous: bool = False,
     ) -> None:
-        super().__init__(scheduler, rank, op, result)
+        super().__init__(scheduler, rank, op, result, synchronous)
         self._op = op
 
     def _source_rank(self) -> int:
@@ -80,7 +86,7 @@ class PointToPoint(_Group):
         peer = self._peer(dst, "send", "dst")
         snapshot = _sanitizer.quietly(_snapshot, t)
         op = P2POp("send", self._info, self._global_rank, peer, tag, snapshot, stacks.call_site(2))
-        return self._post(op, t)
+        return self._post(op, t, _sanitizer.synchronous_p2p(sys._getframe(1)))
 
     def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -88,7 +94,7 @@ class PointToPoint(_Group):
         t = self._own_tensor(tensors, "recv")
         peer = self._peer(src, "recv", "src")
         op = P2POp("recv", self._info, peer, self._global_rank, tag, t.data, stacks.call_site(2))
-        return self._post(op, t)
+        return self._post(op, t, _sanitizer.synchronous_p2p(sys._getframe(1)))
 
     def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> SimWork:
         """A recv from any other member: the match rule is ``AnySourceRecv``'s
@@ -102,7 +108,8 @@ class PointToPoint(_Group):
         started = perf_counter_ns() if _profiler.active else 0  # some rank profiles (profiled)
         self._world.before_p2p(op)
         _sanitizer.quietly(self._scheduler.post_p2p, op, deliver)
-        work = _AnySourceWork(self._scheduler, self._global_rank, op, [t])
+        synchronous = _sanitizer.synchronous_p2p(sys._getframe(1))
+        work = _AnySourceWork(self._scheduler, self._global_rank, op, [t], synchronous)
         work.timeout = self.timeout
         if started:
             record_profiled(self, "recv_anysource", {T: t}, started)
@@ -115,11 +122,11 @@ class PointToPoint(_Group):
         _check_caller(self._scheduler, self._global_rank, op)
         return t
 
-    def _post(self, op: P2POp, t: torch.Tensor) -> SimWork:
+    def _post(self, op: P2POp, t: torch.Tensor, synchronous: bool) -> SimWork:
         started = perf_counter_ns() if _profiler.active else 0  # some rank profiles (profiled)
         self._world.before_p2p(op)
         _sanitizer.quietly(self._scheduler.post_p2p, op, deliver)
-        work = SimWork(self._scheduler, self._global_rank, op, [t])
+        work = SimWork(self._scheduler, self._global_rank, op, [t], synchronous)
         work.timeout = self.timeout
         if started:
             record_profiled(self, op.kind, {T: t}, started)

@@ -128,9 +128,11 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         result: list[torch.Tensor],
         red: str = "SUM",
         root: int = 0,
+        opts: Any = None,
     ) -> SimWork:
         # The hot path of every collective: kept flat on purpose (each Python
-        # call costs about as much as the bookkeeping it would hide).
+        # call costs about as much as the bookkeeping it would hide). ``opts``:
+        # the caller's options, which say whether c10d waits for the call at once.
         op = spec.name
         started = perf_counter_ns() if _profiler.active else 0  # some rank profiles (profiled)
         if _current.world is not self._world or _current.rank != self._global_rank:
@@ -158,7 +160,9 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             bumps += spec.avg_bumps
         if bumps:
             bump(result, bumps)
-        work = SimWork(self._scheduler, self._global_rank, pending, result)
+        work = SimWork(
+            self._scheduler, self._global_rank, pending, result, _sanitizer.synchronous_collective(opts)
+        )
         if self.timeout is not None:
             work.timeout = self.timeout
         if started:
@@ -182,7 +186,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         K.require_dense(t, "all_reduce", "tensor")
         red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("reduce_op", red))
-        return self._collective(OPS["all_reduce"], fp, {T: t}, [t], red)
+        return self._collective(OPS["all_reduce"], fp, {T: t}, [t], red, opts=opts)
 
     def _allreduce_sparse(self, t: torch.Tensor, opts: Any) -> SimWork:
         red = self._reduce_op(opts or dist.AllreduceOptions(), t.dtype, "all_reduce")
@@ -195,7 +199,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
                 )
             )
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("layout", "sparse_coo"), ("reduce_op", red))
-        return self._collective(OPS["all_reduce_sparse"], fp, {SPARSE: Whole(t)}, [t], red)
+        return self._collective(OPS["all_reduce_sparse"], fp, {SPARSE: Whole(t)}, [t], red, opts=opts)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -203,7 +207,8 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         fp = tuple((f"t{i}", (shape(t), t.dtype)) for i, t in enumerate(tensors))
         spec = OPS["all_reduce_coalesced"]
-        work = self._collective(spec, fp + (("reduce_op", red),), {TS: list(tensors)}, list(tensors), red)
+        payload = {TS: list(tensors)}
+        work = self._collective(spec, fp + (("reduce_op", red),), payload, list(tensors), red, opts=opts)
         if red == "AVG" and len(tensors) == 1:
             # gloo's flat buffer of a single tensor is that tensor itself, so
             # AVG's in-place division shows on its counter too (measured).
@@ -218,7 +223,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         root_in_group(root, self.size(), "broadcast")
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("root", root))
-        return self._collective(OPS["broadcast"], fp, {T: t}, [t], root=root)
+        return self._collective(OPS["broadcast"], fp, {T: t}, [t], root=root, opts=opts)
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -229,7 +234,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         root = opts.rootRank
         root_in_group(root, self.size(), "reduce")
         fp = (("shape", shape(t)), ("dtype", t.dtype), ("reduce_op", red), ("root", root))
-        return self._collective(OPS["reduce"], fp, {T: t}, [t], red, root)
+        return self._collective(OPS["reduce"], fp, {T: t}, [t], red, root, opts)
 
     def allgather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
@@ -240,7 +245,8 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         outs = member_list(
             "all_gather", "tensor_list", output_lists, self.size(), "tensor", t, list_first=True
         )
-        return self._collective(OPS["all_gather"], (("dtype", t.dtype),), {T: t, OUTS: outs}, outs)
+        fp = (("dtype", t.dtype),)
+        return self._collective(OPS["all_gather"], fp, {T: t, OUTS: outs}, outs, opts=opts)
 
     def allgather_coalesced(
         self,
@@ -272,16 +278,16 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "all_gather_single", output, input, opts)
-        return self._all_gather_single(output, input)
+        return self._all_gather_single(output, input, opts)
 
-    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> SimWork:
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         """``all_gather_single`` past the modes (a coalesced call shows them one op for all)."""
         same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
         group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
         out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
         fp = (("shape", shape(input)), ("dtype", input.dtype))
         payload = {IN: input, OUT_FLAT: out_flat}
-        return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output])
+        return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output], opts=opts)
 
     def reduce_scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
@@ -302,7 +308,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         )
         red = self._reduce_op(opts, out.dtype, "reduce_scatter")
         fp = (("shape", shape(out)), ("dtype", out.dtype), ("reduce_op", red))
-        return self._collective(OPS["reduce_scatter"], fp, {OUT: out, INS: ins}, [out], red)
+        return self._collective(OPS["reduce_scatter"], fp, {OUT: out, INS: ins}, [out], red, opts=opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
@@ -320,7 +326,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         )
         fp = (("shape", shape(output)), ("dtype", output.dtype), ("reduce_op", red))
         payload = {IN: in_flat, OUT: out_flat}
-        return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red)
+        return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red, opts=opts)
 
     def gather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
@@ -338,7 +344,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         root = opts.rootRank
         outs = root_list("gather", root, self._group_rank, self.size(), "gather_list", output_lists, t, True)
         fp = (("dtype", t.dtype), ("root", root))
-        return self._collective(OPS["gather"], fp, {T: t, OUTS: outs}, outs, root=root)
+        return self._collective(OPS["gather"], fp, {T: t, OUTS: outs}, outs, root=root, opts=opts)
 
     def scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
@@ -360,7 +366,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             dense=True,
         )
         fp = (("dtype", out.dtype), ("root", root))
-        return self._collective(OPS["scatter"], fp, {OUT: out, INS: ins}, [out], root=root)
+        return self._collective(OPS["scatter"], fp, {OUT: out, INS: ins}, [out], root=root, opts=opts)
 
     def alltoall(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
@@ -379,7 +385,7 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         dtypes = {t.dtype for t in list(outputs) + list(inputs)}
         fp = (("dtypes", tuple(sorted(map(str, dtypes)))),)
         payload = {OUTS: list(outputs), INS: list(inputs)}
-        return self._collective(OPS["all_to_all"], fp, payload, list(outputs))
+        return self._collective(OPS["all_to_all"], fp, payload, list(outputs), opts=opts)
 
     def all_to_all_single(
         self,
@@ -418,12 +424,12 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             )
         fp = (("row_shape", shape(input)[1:]), ("dtype", input.dtype))
         payload = {OUT: output, IN: input, OUT_SPLITS: out_splits, IN_SPLITS: in_splits}
-        return self._collective(OPS["all_to_all_single"], fp, payload, [output])
+        return self._collective(OPS["all_to_all_single"], fp, payload, [output], opts=opts)
 
     def barrier(self, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "barrier", opts)
-        work = self._collective(OPS["barrier"], (), {}, [])
+        work = self._collective(OPS["barrier"], (), {}, [], opts=opts)
         seconds = seconds_of(getattr(opts, "timeout", None))
         if seconds is not None:
             work.timeout = seconds

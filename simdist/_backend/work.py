@@ -24,13 +24,15 @@ class SimWork(dist.Work):
         rank: int,
         waitable: Waitable | None,
         result: list[torch.Tensor] | None = None,
+        synchronous: bool = False,
     ) -> None:
         super().__init__()
         self._scheduler = scheduler
         self._rank = rank
         self._waitable = waitable
         self._result = result or []
-        _sanitizer.issued(self, rank, waitable)  # in flight until waited
+        # In flight until waited, unless c10d waits for it at once (synchronous).
+        self._in_flight = _sanitizer.issued(self, rank, waitable, synchronous)
 
     # The group's (or barrier's) explicit timeout in seconds, if any (see timeouts).
     timeout: float | None = None
@@ -48,14 +50,18 @@ class SimWork(dist.Work):
                         self._scheduler, self._rank, self._waitable, seconds, explicit is not None
                     )
             finally:
-                _sanitizer.waited(self, self._rank)
+                if self._in_flight:
+                    self._in_flight = False
+                    _sanitizer.waited(self, self._rank)
         return True
 
     def is_completed(self) -> bool:
         if self._waitable is None:
             return True
         if self._waitable.done:
-            _sanitizer.waited(self, self._rank)  # seeing it done is a wait
+            if self._in_flight:  # seeing it done is a wait
+                self._in_flight = False
+                _sanitizer.waited(self, self._rank)
             return True
         return False
 

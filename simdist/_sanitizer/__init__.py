@@ -6,9 +6,10 @@ While a rank has an async collective or P2P issued and not yet waited, its
 read or written from the op's schema (``accesses``), are compared by the
 memory they cover (``footprint``) with the call's buffers; a clash is an
 ``AsyncRaceError`` (``report``). The backend calls in here: ``issued`` when
-it makes a Work, ``waited`` when the Work is waited, ``quietly`` around its
-own tensor work, and the rank's life calls ``body_returned`` and
-``rank_left``. See docs/sanitizer.md.
+it makes a Work (saying whether c10d waits for it at once, ``synchronous``:
+then nothing goes in flight), ``waited`` when a Work in flight is waited,
+``quietly`` around its own tensor work, and the rank's life calls
+``body_returned`` and ``rank_left``. See docs/sanitizer.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from .backward import register as register_backward_patch
 from .book import RankBook
 from .group_order import GroupOrder
 from .mode import SanitizerMode, here
+from .synchronous import collective as synchronous_collective
+from .synchronous import p2p as synchronous_p2p
 
 __all__ = [
     "body_returned",
@@ -32,6 +35,8 @@ __all__ = [
     "other_modes_active",
     "quietly",
     "rank_left",
+    "synchronous_collective",
+    "synchronous_p2p",
     "waited",
 ]
 
@@ -60,13 +65,24 @@ def _book(rank: int) -> RankBook | None:
     return books[rank] if books else None
 
 
-def issued(work: Any, rank: int, waitable: Any) -> None:
-    """A Work was made for a collective or P2P of ``rank``: in flight until waited."""
-    if not isinstance(waitable, (PendingCollective, P2POp)):
-        return  # a composite of other Works (coalesced forms): its parts are registered
-    book = _book(rank)
-    if book is not None:
-        book.issued(work, waitable)
+def issued(work: Any, rank: int, waitable: Any, synchronous: bool = False) -> bool:
+    """A Work was made for a collective or P2P of ``rank``: in flight until
+    waited. Returns whether it went in flight (only then is ``waited`` needed).
+
+    Kept flat: every call of every rank comes here, synchronous ones included.
+    """
+    world = identity.me.world
+    if world is None:
+        return False
+    books = world.__dict__.get(_KEY)
+    if books is None:
+        books = _books(world)
+    if not books or not isinstance(waitable, (PendingCollective, P2POp)):
+        return False  # off, or a composite of other Works (coalesced forms): its parts are registered
+    book: RankBook = books[rank]
+    if synchronous and not book.entries and not book.helpers:
+        return False  # waited before the rank's next op, alone (book.issued says why)
+    return book.issued(work, waitable, synchronous)
 
 
 def waited(work: Any, rank: int) -> None:

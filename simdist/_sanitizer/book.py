@@ -24,23 +24,33 @@ class RankBook:
         self.rank = rank
         self.strict = strict
         self.order = order
-        self.entries: list[InFlight] = []
+        # id(work) -> its entry, in issue order; the entry holds the Work, so
+        # the id cannot be reused while it is here.
+        self.entries: dict[int, InFlight] = {}
         self.mode = SanitizerMode(self)
+        self.helpers = False  # the rank has started a helper thread
 
-    def issued(self, work: Any, waitable: Any) -> None:
+    def issued(self, work: Any, waitable: Any, synchronous: bool = False) -> bool:
+        """Put the call in flight; False when it need not be (see below)."""
+        entries = self.entries
+        if synchronous and not self.helpers:
+            # c10d waits for it before returning to the rank's code, and no
+            # other thread of the rank runs: no op can race with it, so it
+            # never goes in flight. It still counts for NCCL's group order
+            # when it is issued with others in flight.
+            if entries and self.order is not None and isinstance(waitable, PendingCollective):
+                self.order.issued(self.rank, InFlight(work, self.rank, waitable), tuple(entries.values()))
+            return False
         entry = InFlight(work, self.rank, waitable)
-        if self.order is not None and self.entries and isinstance(waitable, PendingCollective):
-            self.order.issued(self.rank, entry, self.entries)
-        self.entries.append(entry)
+        if self.order is not None and entries and isinstance(waitable, PendingCollective):
+            self.order.issued(self.rank, entry, tuple(entries.values()))
+        entries[id(work)] = entry
         self.sync()
+        return True
 
     def waited(self, work: Any) -> None:
         entries = self.entries
-        for i, entry in enumerate(entries):
-            if entry.work is work:
-                del entries[i]
-                break
-        if not entries:
+        if entries.pop(id(work), None) is not None and not entries:
             self.sync()
 
     def sync(self) -> None:
@@ -60,14 +70,20 @@ class RankBook:
             remove(mode)
 
     def pin(self) -> None:
-        """A helper thread of the rank: the mode for the thread's whole life."""
+        """A helper thread of the rank: the mode for the thread's whole life.
+
+        From now on the rank's synchronous calls go in flight too: a helper
+        may touch their buffers while the rank waits for them.
+        """
+        self.helpers = True
         if not on_stack(self.mode):
             push_bottom(self.mode)
         here.pinned = True
 
     def ended(self, result: Any) -> None:
         """The body returned ``result``: report what it never waited."""
-        left, self.entries = self.entries, []
+        left = list(self.entries.values())
+        self.entries = {}
         self.sync()
         if not left:
             return
@@ -81,7 +97,7 @@ class RankBook:
 
     def leave(self) -> None:
         """The rank thread's end, however it ends: nothing stays on its stack."""
-        self.entries = []
+        self.entries = {}
         remove(self.mode)
         here.pinned = False
 

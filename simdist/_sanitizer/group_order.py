@@ -13,6 +13,7 @@ device map such as "cpu:gloo,cuda:nccl" only with the option).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import AsyncRaceError
@@ -29,7 +30,7 @@ class GroupOrder:
         self._lock = threading.Lock()
         self._before: dict[tuple[Instance, Instance], tuple[int, str, str]] = {}
 
-    def issued(self, rank: int, new: InFlight, in_flight: list[InFlight]) -> None:
+    def issued(self, rank: int, new: InFlight, in_flight: Iterable[InFlight]) -> None:
         group = new.waitable.group
         mine: Instance = (group.name, new.waitable.seq)
         for old in in_flight:

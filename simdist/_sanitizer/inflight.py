@@ -1,8 +1,9 @@
 """What one rank has in flight: its async calls not yet waited, and their buffers.
 
-An entry is made when a Work is created (cheaply: the Work and what it waits
-on) and its buffers are looked up only when an operation is checked against
-it, so a synchronous collective, waited at once, costs two list operations.
+An entry is made when a Work is created for an asynchronous call (cheaply:
+the Work and what it waits on; a call c10d waits for at once makes none, see
+``synchronous``) and its buffers are looked up only when an operation is
+checked against it.
 """
 
 from __future__ import annotations

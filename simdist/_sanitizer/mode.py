@@ -7,6 +7,7 @@ It is on a thread's stack only while the rank has something in flight
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ class SanitizerMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        entries: list[InFlight] = self.book.entries
+        entries: dict[int, InFlight] = self.book.entries
         if entries and not here.quiet and func.namespace not in _PASS_NAMESPACES:
             for t in types:
                 if t not in _PLAIN:
@@ -57,7 +58,8 @@ class SanitizerMode(TorchDispatchMode):
                     # run; the plain ops it runs come back here.
                     return NotImplemented
             checked_ops[0] += 1
-            _check(self.book.rank, entries, func, args, kwargs)
+            # A snapshot: a helper thread of the rank may end a call meanwhile.
+            _check(self.book.rank, tuple(entries.values()), func, args, kwargs)
         here.dispatching += 1
         try:
             return func(*args, **kwargs)
@@ -65,7 +67,7 @@ class SanitizerMode(TorchDispatchMode):
             here.dispatching -= 1
 
 
-def _check(rank: int, entries: list[InFlight], func: Any, args: Any, kwargs: Any) -> None:
+def _check(rank: int, entries: Iterable[InFlight], func: Any, args: Any, kwargs: Any) -> None:
     for tensor, access in accesses(func, args, kwargs):
         if type(tensor) not in _PLAIN:
             continue
