@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import pytest
 
 import simdist
 from simdist import _version
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+: an independent reader of pyproject.toml
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
