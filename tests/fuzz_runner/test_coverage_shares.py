@@ -25,7 +25,18 @@ def _line(text: str, head: str) -> str:
 
 def test_each_value_shows_its_share_of_the_cases_that_recorded_it() -> None:
     text = _campaign({1: 250, 2: 370, 4: 380})
-    assert _line(text, "tp ").split() == ["tp", "1:", "250", "(25%)", "2:", "370", "(37%)", "4:", "380", "(38%)"]
+    assert _line(text, "tp ").split() == [
+        "tp",
+        "1:",
+        "250",
+        "(25%)",
+        "2:",
+        "370",
+        "(37%)",
+        "4:",
+        "380",
+        "(38%)",
+    ]
     assert _line(text, "dp ").split() == ["dp", "1:", "500", "(50%)", "2:", "500", "(50%)"]
     world = _line(text, "world sizes")
     assert "4: 375 (38%)" in world and world.endswith("(cases per size, share)")
