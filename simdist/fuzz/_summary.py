@@ -50,7 +50,9 @@ _ONLY_PROPERTY_FAILED = (
 # Hypothesis' reason for an overrun, said in terms of what to change.
 _GAVE_UP_HINTS = {
     "exceeded maximum test case size": "exceeded maximum test case size "
-    "(a strategy drew more choices than Hypothesis allows a case: draw fewer or shorter values)",
+    "(a strategy drew more choices than Hypothesis allows a case: draw fewer or shorter values; "
+    "or Hypothesis' mutator copied a part of a case over another that draws a different number "
+    "of choices: make every case draw the same choices, e.g. draw conditional parts always)",
 }
 
 
