@@ -4,7 +4,7 @@ import simdist
 results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 """
 
-from . import debug, tolerance
+from . import _version, debug, tolerance
 from ._run import run
 from .comm_stats import CommCount, CommStats
 from .context import Groups, RankContext
@@ -67,4 +67,4 @@ __all__ = [
     "run_with_retry",
     "tolerance",
 ]
-__version__ = "0.1.0"
+__version__ = _version.version()  # the installed distribution's metadata (simdist/_version.py)

@@ -7,22 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ._version import DISTRIBUTION, version
 from .layout import Layout
 
-# The distribution's name on a package index; the import name is simdist
-# ("simdist" on PyPI is an unrelated project).
-DISTRIBUTION = "torch-simdist"
-
-
-def version() -> str:
-    """The installed distribution's version (from its metadata, the one pip installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        # Imported from a source tree that was never installed: no metadata to read.
-        return "unknown (not installed; pip install -e . from the checkout)"
+__all__ = ["DISTRIBUTION", "main", "version"]
 
 
 def _layout(text: str) -> Layout:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
+from . import _mask_bytes
 from ._checks import is_int
 from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from .layout import AXES, Layout
@@ -145,26 +146,21 @@ def token_masks(
     whose only valid token is the first, and random ones."""
     if batch < 1 or seq_len < 1:
         raise ValueError(f"batch and seq_len must be >= 1, got {batch}, {seq_len}")
-    return _token_masks(batch, seq_len, allow_empty_rows)
+    return _token_mask(batch, seq_len, allow_empty_rows)
 
 
+# The bulk draws below are composites, not ``.map()``s: Hypothesis labels every
+# mapped strategy alike, and its mutator copies one labelled span's choices
+# over another's (a mask's bytes over a list of weights: the case runs out of
+# choices and gives up). A composite has a label of its own.
 @st.composite
-def _token_masks(draw: st.DrawFn, batch: int, seq_len: int, allow_empty_rows: bool) -> torch.Tensor:
-    row_kinds = ["random", "full", "first_only"] + (["empty"] if allow_empty_rows else [])
-    rows = []
-    for _ in range(batch):
-        kind = draw(st.sampled_from(row_kinds))
-        if kind == "empty":
-            rows.append([0] * seq_len)
-        elif kind == "full":
-            rows.append([1] * seq_len)
-        elif kind == "first_only":
-            rows.append([1] + [0] * (seq_len - 1))
-        else:
-            row = draw(st.lists(st.integers(0, 1), min_size=seq_len, max_size=seq_len))
-            if not allow_empty_rows and not any(row):
-                row[draw(st.integers(0, seq_len - 1))] = 1
-            rows.append(row)
+def _token_mask(draw: st.DrawFn, batch: int, seq_len: int, allow_empty_rows: bool) -> torch.Tensor:
+    # One drawn byte string, decoded: a case of any shape is one choice (simdist/_mask_bytes.py).
+    size = _mask_bytes.token_mask_bytes(batch, seq_len)
+    blob = draw(st.binary(min_size=size, max_size=size))
+    rows = _mask_bytes.decode_token_mask(
+        blob, batch=batch, seq_len=seq_len, allow_empty_rows=allow_empty_rows
+    )
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -192,14 +188,10 @@ FUZZ_FAULT_KINDS: tuple[str, ...] = ("crash", "timeout", "abort", "delay")
 # to 256. A token count kept in bfloat16 (on a rank, or in the DP sum) is only
 # wrong past it, so the default strategies draw counts past it too.
 BF16_EXACT_INTEGERS = 256
-# A random row longer than this repeats a drawn pattern of this length: one
-# choice per token of a long row would overrun Hypothesis' buffer.
-_RANDOM_PATTERN = 32
-# A long row is drawn for its count: mostly (nearly) full, every kind still drawn.
-# The extra choices come after MASK_ROW_KINDS, so a kind's index means the same
-# kind at every length: when a case's sequence length shrinks from long to
-# short, its rows keep their kinds (and the shrinker keeps the failure).
-_LONG_ROW_KINDS = (*MASK_ROW_KINDS, "full", "prefix")
+# A random row longer than this repeats a drawn pattern of this length; a row
+# of more tokens than this is "long": drawn for its count, mostly (nearly) full
+# (simdist/_mask_bytes.py: the kinds' shares at each length).
+_RANDOM_PATTERN = _mask_bytes.PATTERN
 
 
 def sequence_lengths(
@@ -245,7 +237,10 @@ def _length_slots(short: tuple[int, int], long_every: int) -> tuple[int, ...]:
 @st.composite
 def _sequence_length(draw: st.DrawFn, slots: tuple[int, ...], long: tuple[int, int]) -> int:
     slot = draw(st.sampled_from(slots))
-    return draw(st.integers(*long)) if slot == _LONG else slot
+    # Drawn whatever the slot: every case makes the same choices (Hypothesis'
+    # first cases of a run allow few more choices than the simplest one makes).
+    long_length = draw(st.integers(*long))
+    return long_length if slot == _LONG else slot
 
 
 def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[list[float]]:
@@ -263,32 +258,10 @@ def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[lis
 
 @st.composite
 def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
-    kind = draw(st.sampled_from(MASK_ROW_KINDS if seq_len <= _RANDOM_PATTERN else _LONG_ROW_KINDS))
-    scale = draw(st.sampled_from(MASK_SCALES)) if fractional else 1.0
-    if kind == "full":
-        row = [1.0] * seq_len
-    elif kind == "empty":
-        row = [0.0] * seq_len
-    elif kind == "prefix":
-        # One draw, the number of masked tokens at the end, at every length (so
-        # a shrinking length keeps the row's draws aligned); a long row is mostly
-        # valid, as real long sequences are (its count is what it is drawn for).
-        # Shrinks towards fully valid.
-        length = seq_len - draw(
-            st.integers(0, min(seq_len - 1, 8) if seq_len > _RANDOM_PATTERN else seq_len - 1)
-        )
-        row = [1.0] * length + [0.0] * (seq_len - length)
-    elif kind == "single":
-        at = draw(st.integers(0, seq_len - 1))
-        row = [1.0 if t == at else 0.0 for t in range(seq_len)]
-    elif kind == "first_only":
-        row = [1.0] + [0.0] * (seq_len - 1)
-    else:
-        values = st.sampled_from((1.0, 0.0, 0.5)) if fractional else st.sampled_from((1.0, 0.0))
-        drawn = min(seq_len, _RANDOM_PATTERN)
-        pattern = draw(st.lists(values, min_size=drawn, max_size=drawn))
-        row = (pattern * -(-seq_len // drawn))[:seq_len]
-    return [value * scale for value in row]
+    blob = draw(st.binary(min_size=_mask_bytes.ROW_BYTES, max_size=_mask_bytes.ROW_BYTES))
+    return _mask_bytes.decode_row(
+        blob, 0, seq_len, long=seq_len > _RANDOM_PATTERN, fractional=fractional, scales=MASK_SCALES
+    )
 
 
 def token_distributions(
@@ -316,6 +289,11 @@ def token_distributions(
             f"token_distributions: rows_per_microbatch must be (low, high) with 1 <= low <= high, "
             f"got {rows_per_microbatch!r}"
         )
+    if ranks * microbatches * high_rows > _mask_bytes.MAX_ROWS:
+        raise ValueError(
+            f"token_distributions: ranks * microbatches * rows_per_microbatch[1] = "
+            f"{ranks * microbatches * high_rows} rows, more than the {_mask_bytes.MAX_ROWS} one Hypothesis case can hold"
+        )
     return _token_distributions(ranks, microbatches, seq_len, low_rows, high_rows, fractional)
 
 
@@ -329,27 +307,20 @@ def _token_distributions(
     high_rows: int,
     fractional: bool,
 ) -> list[list[list[list[float]]]]:
-    row = mask_rows(seq_len, fractional=fractional)
-    # Long rows are drawn for their counts: masked less often (a quarter,
-    # not half, of ranks and microbatches), so the DP sum passes 256 often.
-    # (One choice of the same kind at every length: see _LONG_ROW_KINDS.)
-    masked = st.sampled_from((False, True) if seq_len <= _RANDOM_PATTERN else (False, False, False, True))
-    out = []
-    for _ in range(ranks):
-        rows = draw(st.integers(low_rows, high_rows))
-        rank_masked = draw(masked)
-        per_rank = []
-        for _ in range(microbatches):
-            micro_masked = draw(masked)
-            # Rows are drawn even when masked: Hypothesis prefers shorter
-            # draws, and skipping them would make "all masked" the
-            # simplest mask instead of "fully valid".
-            micro = [draw(row) for _ in range(rows)]
-            if rank_masked or micro_masked:
-                micro = [[0.0] * seq_len for _ in range(rows)]
-            per_rank.append(micro)
-        out.append(per_rank)
-    return out
+    # One drawn byte string, decoded: the case makes one choice whatever its
+    # number of ranks, microbatches and rows (simdist/_mask_bytes.py says why).
+    size = _mask_bytes.distribution_bytes(ranks, microbatches, high_rows)
+    return _mask_bytes.decode_distribution(
+        draw(st.binary(min_size=size, max_size=size)),
+        ranks=ranks,
+        microbatches=microbatches,
+        seq_len=seq_len,
+        low_rows=low_rows,
+        high_rows=high_rows,
+        fractional=fractional,
+        scales=MASK_SCALES,
+        long=seq_len > _RANDOM_PATTERN,
+    )
 
 
 def bin_weights(num_bins: tuple[int, int] = (1, 4)) -> st.SearchStrategy[tuple[float, ...]]:
@@ -358,7 +329,19 @@ def bin_weights(num_bins: tuple[int, int] = (1, 4)) -> st.SearchStrategy[tuple[f
     low, high = num_bins
     if not 1 <= low <= high:
         raise ValueError(f"bin_weights: num_bins must be (low, high) with 1 <= low <= high, got {num_bins!r}")
-    return st.lists(st.sampled_from(WEIGHT_VALUES), min_size=low, max_size=high).map(tuple)
+    return _bin_weights(low, high)
+
+
+@st.composite
+def _bin_weights(draw: st.DrawFn, low: int, high: int) -> tuple[float, ...]:
+    # ``high`` slots, each a "present?" flag and a weight, drawn whatever the
+    # flags say: every case makes the same choices (a list's varying length let
+    # Hypothesis' mutator run a case out of choices: gave_up). Absent is the
+    # simplest flag, so the shrinker drops weights as it would a list's; too
+    # few present are filled with weight 1 up to ``low``.
+    slots = [(draw(st.booleans()), draw(st.sampled_from(WEIGHT_VALUES))) for _ in range(high)]
+    present = [weight for keep, weight in slots if keep]
+    return tuple([1.0] * (low - len(present)) + present)
 
 
 def dtype_names(names: Sequence[str] = DTYPE_NAMES) -> st.SearchStrategy[str]:
@@ -393,7 +376,8 @@ def reductions(
 @st.composite
 def _reductions(draw: st.DrawFn, models: tuple[str, ...], max_seed: int) -> ReductionChoice:
     model = draw(st.sampled_from(models))
-    return ReductionChoice(model, draw(st.integers(0, max_seed)) if model == "shuffled" else 0)
+    seed = draw(st.integers(0, max_seed))  # drawn for every model: the same choices in every case
+    return ReductionChoice(model, seed if model == "shuffled" else 0)
 
 
 def faults(
@@ -432,13 +416,18 @@ def _faults(
     delay_seconds: float,
 ) -> Fault:
     kind = draw(st.sampled_from(kinds))
+    rank = draw(st.integers(0, world_size - 1))
+    op = draw(st.sampled_from(ops))
+    group = draw(st.sampled_from(groups))
+    nth = draw(st.integers(1, max_nth))
+    mode = draw(st.sampled_from(CORRUPT_MODES))  # drawn for every kind: the same choices in every case
     return Fault(
         kind,
-        rank=draw(st.integers(0, world_size - 1)),
-        op=draw(st.sampled_from(ops)),
-        group=draw(st.sampled_from(groups)),
-        nth=draw(st.integers(1, max_nth)),
-        mode=draw(st.sampled_from(CORRUPT_MODES)) if kind == "corrupt" else "nan",
+        rank=rank,
+        op=op,
+        group=group,
+        nth=nth,
+        mode=mode if kind == "corrupt" else "nan",
         seconds=delay_seconds,
     )
 
@@ -447,9 +436,19 @@ def fault_plans(
     world_size: int, *, max_faults: int = 2, **fault_options: object
 ) -> st.SearchStrategy[FaultPlan]:
     """``simdist.FaultPlan`` of 0..``max_faults`` faults drawn by ``faults``; shrinks towards no fault."""
-    return st.lists(faults(world_size, **fault_options), max_size=max_faults).map(  # type: ignore[arg-type]  # hypothesis' lists/map overloads lose the element type
-        lambda drawn: FaultPlan(tuple(drawn))
-    )
+    if not is_int(max_faults, 0):
+        raise ValueError(f"fault_plans: max_faults must be an int >= 0, got {max_faults!r}")
+    # A count, then all ``max_faults`` faults (the first ``count`` kept): every
+    # case makes the same choices, so none overruns Hypothesis' early size limit.
+    each = faults(world_size, **fault_options)  # type: ignore[arg-type]  # options are faults()' keywords
+    return _fault_plans(max_faults, each)
+
+
+@st.composite
+def _fault_plans(draw: st.DrawFn, max_faults: int, each: st.SearchStrategy[Fault]) -> FaultPlan:
+    count = draw(st.integers(0, max_faults))
+    drawn = [draw(each) for _ in range(max_faults)]
+    return FaultPlan(tuple(drawn[:count]))
 
 
 def fault_to_json(fault: Fault) -> dict[str, object]:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from hypothesis import given, target
+from hypothesis import given
 from hypothesis import strategies as st
 from mymodel import parallel_step
 
@@ -98,5 +98,7 @@ def test_parallel_step_matches_one_process(case: StepCase) -> None:
             # float32 against float64: a relative error of a few float32 ulps per term.
             scale = want.abs().max().item() + 1e-6
             worst = max(worst, (got.double() - want).abs().max().item() / scale)
-    target(worst, label="relative error vs one process")
+    # No hypothesis.target(): it would pile cases onto the layouts with the
+    # largest errors (docs/fuzzing.md, "Targeted search"); layouts() reaches
+    # the corners by itself.
     assert worst < 1e-4, f"a rank's loss or gradient is off by {worst:.3g} (relative) in {layout}"

@@ -2,15 +2,14 @@
 
 Writing a property::
 
-    from hypothesis import given, target
+    from hypothesis import given
     from simdist import fuzz
 
     @given(case=my_cases())
     @fuzz.replayable(MyCase.from_json)
     def test_split_equals_monolithic(case):
         fuzz.cover(tp=case.layout.tp, dtype=case.dtype)
-        ...
-        target(worst_relative_difference, label="split vs monolithic")
+        ...  # run on every rank, compare with an independent reference
 
 Running a campaign: ``simdist fuzz --budget 60 tests/fuzz``; replaying a
 written failure: ``simdist replay fixtures/regressions/<case>.json``.

@@ -38,6 +38,9 @@ from ._stats import CampaignStats
 from ._summary import junit_xml, progress_line, summary_text
 from ._zygote import STARTUP_LOG, WorkerServer, server_usable
 
+# The --report file's format and version (docs/schemas/fuzz-report-1.json), as a case file has its own.
+REPORT_FORMAT = "simdist-fuzz-report/1"
+
 __all__ = ["CampaignConfig", "CampaignResult", "ExitCode", "default_targets", "run_campaign"]
 
 
@@ -418,6 +421,7 @@ def _write_reports(
     outputs = []
     if cfg.report is not None:
         report = {
+            "format": REPORT_FORMAT,
             "exit_code": code,
             "elapsed_s": round(elapsed, 3),
             "budget_s": cfg.budget,

@@ -50,7 +50,9 @@ _ONLY_PROPERTY_FAILED = (
 # Hypothesis' reason for an overrun, said in terms of what to change.
 _GAVE_UP_HINTS = {
     "exceeded maximum test case size": "exceeded maximum test case size "
-    "(a strategy drew more choices than Hypothesis allows a case: draw fewer or shorter values)",
+    "(a strategy drew more choices than Hypothesis allows a case: draw fewer or shorter values; "
+    "or Hypothesis' mutator copied a part of a case over another that draws a different number "
+    "of choices: make every case draw the same choices, e.g. draw conditional parts always)",
 }
 
 
@@ -81,11 +83,24 @@ def progress_line(stats: CampaignStats, elapsed: float, budget: float, workers: 
 
 
 def _values(counter: Any) -> str:
+    """``value: cases (share)`` for each value: the share makes a skew visible at a
+    glance (a targeted search that piles a third of the cases onto one degree)."""
+
     def order(item: tuple[str, int]) -> tuple[int, Any]:
         value = item[0]
         return (0, int(value)) if value.lstrip("-").isdigit() else (1, value)
 
-    return "  ".join(f"{value}: {count}" for value, count in sorted(counter.items(), key=order))
+    total = sum(counter.values())
+    return "  ".join(
+        f"{value}: {count} ({_share(count, total)})" for value, count in sorted(counter.items(), key=order)
+    )
+
+
+def _share(count: int, total: int) -> str:
+    if total <= 0:
+        return "-"
+    percent = 100.0 * count / total
+    return "<1%" if 0 < percent < 0.5 else f"{percent:.0f}%"
 
 
 def summary_text(
@@ -112,7 +127,7 @@ def summary_text(
     ]
     if stats.world_sizes:
         lines.append(
-            f"  world sizes {_values({str(k): v for k, v in stats.world_sizes.items()})} (cases per size)"
+            f"  world sizes {_values({str(k): v for k, v in stats.world_sizes.items()})} (cases per size, share)"
         )
     if stats.ready_at:
         lines.append(

@@ -72,6 +72,8 @@ def test_a_real_report_validates_and_covers_every_part_of_the_schema(campaign: d
     assert failure["property"].endswith("::test_buggy_sum_matches_builtin") and failure["file"]
     assert report["coverage"] and report["cases_by_status"]["passed"] > 0
     assert report["tags"] == {"origin": "docs-test"} and report["exit_code"] == 1
+    # A reader can tell the report's version as it can a case file's.
+    assert report["format"] == "simdist-fuzz-report/1" == REPORT.schema["properties"]["format"]["const"]
     # Every documented top-level field is really written (no stale documentation).
     assert set(REPORT.schema["properties"]) == set(report)
 

@@ -220,10 +220,12 @@ def draft_cases(
     seq_len = draw(sequence_lengths((2, MAX_SEQ_LEN), LONG_SEQ_LEN))
     masks = draw(token_distributions(layout.dp, microbatches, seq_len))
     weights = draw(bin_weights((1, 4)))
-    single_bin = None
-    if draw(st.booleans()):
-        # Every token in one bin; a weight-0 bin zeroes the draft count alone.
-        single_bin = draw(st.integers(0, len(weights) - 1))
+    # Every token in one bin; a weight-0 bin zeroes the draft count alone. The
+    # bin is drawn either way: a case makes the same choices whatever their
+    # values, so Hypothesis' mutations never run out of choices (gave_up).
+    one_bin = draw(st.booleans())
+    bin_index = draw(st.integers(0, len(weights) - 1))
+    single_bin = bin_index if one_bin else None
     chunk = draw(chunk_sizes(max(len(m[0]) * seq_len for m in masks)))
     reduction = draw(reductions(REDUCTION_NAMES))
     return DraftCase(
@@ -261,12 +263,16 @@ def chunk_sizes(tokens: int) -> st.SearchStrategy[int]:
 @st.composite
 def _chunk_sizes(draw: st.DrawFn, tokens: int) -> int:
     kind = draw(st.sampled_from(("beyond", "equal", "partial", "one")))
+    # Both sizes are drawn whatever the kind: the same choices in every case.
+    beyond = tokens + 1 + draw(st.integers(0, 1))
+    low = max(2, -(-tokens // 4))
+    partial = low + draw(st.integers(0, max(0, tokens - 1 - low)))
     if kind == "beyond":
-        return draw(st.integers(tokens + 1, tokens + 2))
+        return beyond
     if kind == "equal" or tokens < 2:
         return tokens
     if kind == "partial":
-        return draw(st.integers(max(2, -(-tokens // 4)), tokens - 1)) if tokens > 2 else 1
+        return partial if tokens > 2 else 1
     # A tile per token of a long microbatch would be hundreds of tiles: eight.
     return 1 if tokens <= _LONG_TOKENS else -(-tokens // 8)
 
@@ -286,11 +292,13 @@ def fault_cases(draw: st.DrawFn, *, max_world: int | None = None) -> DraftCase:
     communicator abort, delay) at the n-th matching collective."""
     case = draw(draft_cases(max_world=max_world, modes=("split",)))
     world = case.layout.world_size
-    if draw(st.booleans()):
-        probe = draw(probe_faults(probe_points(case.microbatches), world))
-        fault: dict[str, Any] = {"probe": probe.point, "rank": probe.rank}
-    else:
-        fault = fault_to_json(draw(faults(world, max_nth=12)))
+    # Both are drawn, one is used: the same choices in every case.
+    use_probe = draw(st.booleans())
+    probe = draw(probe_faults(probe_points(case.microbatches), world))
+    collective = draw(faults(world, max_nth=12))
+    fault: dict[str, Any] = (
+        {"probe": probe.point, "rank": probe.rank} if use_probe else fault_to_json(collective)
+    )
     return replace(case, fault=fault, warmup=draw(st.booleans()))
 
 

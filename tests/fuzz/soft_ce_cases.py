@@ -158,23 +158,30 @@ def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
     eight with 258..320 tokens, past bfloat16's exact integers), chunk sizes
     from 1 to beyond the token count."""
     top = max_tp()
+    # Every choice below is drawn whatever the values before it (the shards of
+    # the largest TP, both kinds of mask, the single bin), and the case keeps
+    # what it uses: a case makes the same choices whatever their values, so
+    # Hypothesis' mutations never run out of choices (gave_up).
     tp = draw(st.integers(min(min_tp, top), top))
-    shards = tuple(draw(st.lists(st.integers(1, 9), min_size=tp, max_size=tp)))
-    if draw(st.sampled_from(LONG_CHOICES)):
-        # Past bfloat16's exact integers (256): a token count kept in the
-        # logits' dtype rounds (257 -> 256) only in cases this long. Rows are
-        # nearly full valid prefixes (a few choices each, not one per token, which would
-        # overrun Hypothesis' buffer), with a weight drawn like mask_rows'.
-        batch, seq = 2, draw(st.integers(129, 160))
-        mask = tuple(
-            _long_row(seq, seq - draw(st.integers(0, 8)), draw(st.sampled_from(MASK_SCALES)))
-            for _ in range(batch)
-        )
+    shards = draw(st.tuples(*[st.integers(1, 9)] * top))[:tp]
+    long = draw(st.sampled_from(LONG_CHOICES))
+    # Past bfloat16's exact integers (256): a token count kept in the
+    # logits' dtype rounds (257 -> 256) only in cases this long. Rows are
+    # nearly full valid prefixes, with a weight drawn like mask_rows'.
+    long_seq = draw(st.integers(129, 160))
+    long_rows = [(draw(st.integers(0, 8)), draw(st.sampled_from(MASK_SCALES))) for _ in range(2)]
+    short_batch, short_seq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    short_rows = [tuple(draw(mask_rows(short_seq))) for _ in range(3)]
+    if long:
+        batch, seq = 2, long_seq
+        mask = tuple(_long_row(seq, seq - cut, scale) for cut, scale in long_rows)
     else:
-        batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
-        mask = tuple(tuple(draw(mask_rows(seq))) for _ in range(batch))
+        batch, seq = short_batch, short_seq
+        mask = tuple(short_rows[:batch])
     weights = draw(bin_weights((1, 4)))
-    single_bin = draw(st.integers(0, len(weights) - 1)) if draw(st.booleans()) else None
+    one_bin = draw(st.booleans())
+    bin_index = draw(st.integers(0, len(weights) - 1))
+    single_bin = bin_index if one_bin else None
     reduction: ReductionChoice = draw(reductions())
     return SoftCECase(
         shards=shards,

@@ -98,7 +98,7 @@ def test_the_summary_shows_world_sizes_run_why_workers_stopped_and_what_gave_up_
     stats.add(0, {"e": "case", "p": "t.py::p", "s": "gave_up", "f": {}})
     stats.add(0, {"e": "done", "reason": "every property failed"})
     text = summary_text(stats, elapsed=3.0, workers=1, seed=0, targets=["t.py"], problems=[], corpus="cases")
-    assert "world sizes 2: 1  3: 1 (cases per size)" in text
+    assert "world sizes 2: 1 (50%)  3: 1 (50%) (cases per size, share)" in text
     assert "gave_up     1 case(s) rejected before they ran" in text
     assert "every property failed: a failing property is not fuzzed further" in text
     assert "workers ready after 2.5 s" in text and "cases go to cases" in text
