@@ -6,7 +6,9 @@ While runs are in progress simdist changes things a process has once:
    globals when a rank imports it first (``rank_local_defaults``); only for
    runs whose process has not imported Megatron yet.
 2. ``c10d routing``: ``distributed_c10d._world`` routed per rank thread and
-   c10d's group registry scoped per rank (``c10d_state``); it stays until the
+   c10d's group registry scoped per rank (``c10d_state``), with a
+   ``sys.meta_path`` finder running torch.distributed modules a rank imports
+   first against the process's state (``c10d_imports``); it stays until the
    last rank thread has left, even after the last run returned.
 3. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
    world's Python store through c10d's C++ prefixes (``simdist.store``).
