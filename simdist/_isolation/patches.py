@@ -10,14 +10,17 @@ While runs are in progress simdist changes things a process has once:
    ``sys.meta_path`` finder running torch.distributed modules a rank imports
    first against the process's state (``c10d_imports``); it stays until the
    last rank thread has left, even after the last run returned.
-3. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
+3. ``ddp logging``: ``DistributedDataParallel._get_ddp_logging_data``, so
+   that a simulated group reports the backend the program asked for
+   (``_backend.ddp_logging``).
+4. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
    world's Python store through c10d's C++ prefixes (``simdist.store``).
-4. ``debugger``: ``pdb.Pdb.interaction``, so that every Pdb stopping in a rank
+5. ``debugger``: ``pdb.Pdb.interaction``, so that every Pdb stopping in a rank
    thread names the rank and pauses its world (``debug._pdb``).
-5. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
+6. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
    ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
    that make threads a rank starts the rank's (``helpers``).
-6. ``profiler``: ``torch.autograd.profiler``'s ``_prepare_profiler``,
+7. ``profiler``: ``torch.autograd.profiler``'s ``_prepare_profiler``,
    ``_enable_profiler`` and ``_disable_profiler``, so that a second thread
    opening a profiler session while one is open is refused instead of
    crashing the interpreter (``profiler``).
@@ -102,6 +105,7 @@ class Patch:
 ORDER = (
     "import hook",
     "c10d routing",
+    "ddp logging",
     "prefix store",
     "debugger",
     "helper threads",
