@@ -8,6 +8,7 @@ monitoredBarrier in 1000 ms"). A rank that arrives late, however late, passes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -45,11 +46,12 @@ def _seconds(pg: SimProcessGroup, timeout: Any) -> float:
 
 def monitored_barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool) -> None:
     seconds = _seconds(pg, timeout)
+    started = time.monotonic()  # one deadline for every wait, as gloo's
     me, n = pg.rank(), pg.size()
     if n == 1:
         return
     if me != 0:
-        _report_to_rank_0(pg, me, seconds)
+        _report_to_rank_0(pg, me, seconds, started)
         return
     token = torch.zeros(1)
     recvs = [(r, pg.recv([torch.zeros(1)], r, TAG)) for r in range(1, n)]
@@ -66,7 +68,7 @@ def monitored_barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool) -
             raise error
         timed_out = transport_timeout(seconds)
         try:
-            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, timed_out)  # type: ignore[arg-type]  # posted: never None
+            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, timed_out, started)  # type: ignore[arg-type]  # posted: never None
         except RuntimeError as exc:
             if exc is not timed_out:
                 raise
@@ -85,11 +87,11 @@ def monitored_barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool) -
         pg.send([token], r, TAG).wait()
 
 
-def _report_to_rank_0(pg: SimProcessGroup, me: int, seconds: float) -> None:
+def _report_to_rank_0(pg: SimProcessGroup, me: int, seconds: float, started: float) -> None:
     try:
         for work in (pg.send([torch.zeros(1)], 0, TAG), pg.recv([torch.zeros(1)], 0, TAG)):
             error = transport_timeout(seconds, work._waitable.kind)  # type: ignore[union-attr]  # posted: never None
-            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, error)  # type: ignore[arg-type]  # posted: never None
+            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, error, started)  # type: ignore[arg-type]  # posted: never None
     except RuntimeError as exc:
         raise RuntimeError(
             f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "

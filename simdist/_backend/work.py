@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ class SimWork(dist.Work):
         self._rank = rank
         self._waitable = waitable
         self._result = result or []
+        self._issued = time.monotonic()  # where gloo's transport timeout starts
         _sanitizer.issued(self, rank, waitable)  # in flight until waited
 
     # The group's (or barrier's) explicit timeout in seconds, if any (see timeouts).
@@ -45,7 +47,12 @@ class SimWork(dist.Work):
                     self._scheduler.wait(self._rank, self._waitable)
                 else:
                     wait_with_timeout(
-                        self._scheduler, self._rank, self._waitable, seconds, explicit is not None
+                        self._scheduler,
+                        self._rank,
+                        self._waitable,
+                        seconds,
+                        explicit is not None,
+                        self._issued,
                     )
             finally:
                 _sanitizer.waited(self, self._rank)
