@@ -41,6 +41,8 @@ def _on_simdist(backend: str | None) -> list[dict]:
     def body(ctx: simdist.RankContext) -> dict:
         group = dist.new_group(backend=backend)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), process_group=group)
+        # What c10d's C++ side reads stays simdist's own (docs/differences.md, cpp-backend-name).
+        assert group.getBackendName() == "simdist"
         return model._get_ddp_logging_data()
 
     return simdist.run(body, world_size=2)
