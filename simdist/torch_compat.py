@@ -500,7 +500,15 @@ class _HarnessBarrier(Waitable):
         return f"distributed_test's Barrier.sync (round {self.round})"
 
 
-_barriers: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+@dataclass
+class _Barriers:
+    """A world's harness barrier: each rank's count, and the rounds by number."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    rounds: dict[int, _HarnessBarrier] = field(default_factory=dict)
+
+
+_barriers: weakref.WeakKeyDictionary[Any, _Barriers] = weakref.WeakKeyDictionary()
 _barriers_lock = threading.Lock()
 
 
@@ -511,11 +519,9 @@ def _store_barrier(cls: Any, wait_for: int | None = None, timeout: float = 10) -
     scheduler = world.scheduler
     size = scheduler.world_size
     with _barriers_lock:
-        state = _barriers.setdefault(world, {"counts": {}, "rounds": {}})
-        n = state["counts"][rank] = state["counts"].get(rank, 0) + 1
-        barrier = state["rounds"].setdefault(
-            n, _HarnessBarrier(n, size, size if wait_for is None else wait_for)
-        )
+        state = _barriers.setdefault(world, _Barriers())
+        n = state.counts[rank] = state.counts.get(rank, 0) + 1
+        barrier = state.rounds.setdefault(n, _HarnessBarrier(n, size, size if wait_for is None else wait_for))
         barrier.arrived.add(rank)
         complete = len(barrier.arrived) >= barrier.wait_for and not barrier.done
     if complete:
