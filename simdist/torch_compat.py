@@ -26,6 +26,7 @@ says to try anyway.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -33,16 +34,19 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ._backend import timeouts
 from ._core import identity
+from ._core.records import Waitable
 from ._run import run as simdist_run
 from .errors import SimulationError
 
@@ -224,6 +228,8 @@ def install() -> None:
         _replace(state, mt, "_spawn_threads", _spawn_threads)
         _replace(state, mt, "_join_threads", classmethod(_join_threads))
         _replace(state, common, "spawn_threads_and_init_comms", spawn_threads_and_init_comms)
+        # PyTorch's tests assert that a short timeout took its time (gloo's clock).
+        _replace(state, timeouts, "waited_out_up_to_s", timeouts.REAL_TIME_UP_TO_S)
         _state = state
 
 
@@ -327,18 +333,42 @@ def _join_processes(self: Any, fn: Any) -> None:
             cls._run(ctx.rank, test_name, file_name, pipes[ctx.rank], fake_pg=fake_pg)
         except SystemExit as exc:
             return _exit_code(exc)
+        except SimulationError:
+            raise
+        except Exception:
+            # Uncaught in a spawned process (outside the test method, which
+            # run_test reports as exit code 10): printed, exit code 1.
+            traceback.print_exc()
+            return 1
         finally:
             _forget_default_group()
         return 0
 
     start = time.monotonic()
-    codes = simdist_run(rank_body, world_size=world_size, timeout=_timeout_of(self))
+    with _as_in_a_child_process():
+        codes = simdist_run(rank_body, world_size=world_size, timeout=_timeout_of(self))
     verdict = _simdist_verdict(p.error for p in pipes)
     if verdict is not None:
         raise verdict
     self.processes = [_ExitCodes(rank, code) for rank, code in enumerate(codes)]
     self.pid_to_pipe = dict(enumerate(pipes))
     self._check_return_codes(fn, time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def _as_in_a_child_process() -> Iterator[None]:
+    """What a spawned process changes dies with it: the environment and c10d's
+    debug level (``with_dist_debug_levels`` leaves its last level set, and a
+    later test in DETAIL mode expects a monitored barrier before each call)."""
+    environ = dict(os.environ)
+    level = dist.get_debug_level()
+    try:
+        yield
+    finally:
+        for name in [n for n in os.environ if n not in environ]:
+            del os.environ[name]
+        os.environ.update(environ)
+        dist.set_debug_level(level)
 
 
 def _forget_default_group() -> None:
@@ -446,23 +476,62 @@ def pytest_unconfigure(config: Any) -> None:
 # ``distributed_test.Barrier`` syncs processes through files named by pid,
 # polling with ``time.sleep``: in one process every rank writes the same file
 # and the sleeping rank keeps the run token. The harness's barrier (not the
-# test's collectives) syncs through the world's store instead, one count per
-# rank as each spawned process would keep.
-_barrier_counts: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+# test's collectives) is a wait in simdist's scheduler instead, one count per
+# rank as each spawned process would keep. Its own timeout is modelled as
+# simdist models timeouts: when a rank can never arrive (it failed and
+# exited), the others get the harness's "barrier timeout" at once, and the
+# harness then reports the failed rank's error, as it does natively.
+
+
+class _HarnessBarrier(Waitable):
+    """One round of the harness's barrier, shared by the world's ranks."""
+
+    def __init__(self, round_: int, world_size: int, wait_for: int) -> None:
+        self.round = round_
+        self.world_size = world_size
+        self.wait_for = wait_for
+        self.arrived: set[int] = set()
+        self.done = False
+        self.error = None
+
+    def needed_ranks(self) -> list[int]:
+        if self.done or self.wait_for < self.world_size:
+            return []  # any of the absent ranks may complete it: no one rank is needed
+        return [r for r in range(self.world_size) if r not in self.arrived]
+
+    def describe(self) -> str:
+        return f"distributed_test's Barrier.sync (round {self.round})"
+
+
+@dataclass
+class _Barriers:
+    """A world's harness barrier: each rank's count, and the rounds by number."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    rounds: dict[int, _HarnessBarrier] = field(default_factory=dict)
+
+
+_barriers: weakref.WeakKeyDictionary[Any, _Barriers] = weakref.WeakKeyDictionary()
+_barriers_lock = threading.Lock()
 
 
 def _store_barrier(cls: Any, wait_for: int | None = None, timeout: float = 10) -> None:
     world, rank = identity.me.world, identity.me.rank
     if world is None:
         raise TorchCompatError("distributed_test's Barrier.sync called outside a simdist rank")
-    if wait_for is None:
-        wait_for = world.scheduler.world_size
-    counts = _barrier_counts.setdefault(world, {})
-    n = counts[rank] = counts.get(rank, 0) + 1
-    key = f"simdist.torch_compat/barrier/{n}"
-    if world.store.add(key, 1) >= wait_for:
-        world.store.set(f"{key}/done", b"1")
-    world.store.wait([f"{key}/done"])
+    scheduler = world.scheduler
+    size = scheduler.world_size
+    with _barriers_lock:
+        state = _barriers.setdefault(world, _Barriers())
+        n = state.counts[rank] = state.counts.get(rank, 0) + 1
+        barrier = state.rounds.setdefault(n, _HarnessBarrier(n, size, size if wait_for is None else wait_for))
+        barrier.arrived.add(rank)
+        complete = len(barrier.arrived) >= barrier.wait_for and not barrier.done
+    if complete:
+        for r in sorted(barrier.arrived):
+            scheduler.complete(r, barrier)
+        return
+    scheduler.wait_timed(rank, barrier, float(timeout), lambda: RuntimeError("barrier timeout"))
 
 
 def _patch_distributed_test() -> None:

@@ -8,12 +8,14 @@ monitoredBarrier in 1000 ms"). A rank that arrives late, however late, passes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 
+from .. import _sanitizer
 from .._core.scheduler import Scheduler
 from .timeouts import close_group, ms, transport_timeout, wait_timed
 from .work import SimWork
@@ -44,15 +46,28 @@ def _seconds(pg: SimProcessGroup, timeout: Any) -> float:
 
 
 def monitored_barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool) -> None:
+    works: list[SimWork] = []
+    try:
+        _barrier(pg, timeout, wait_all_ranks, works)
+    finally:
+        # The barrier's own messages are the backend's, as gloo's are inside
+        # its C++ call: none is the program's to wait for, whatever the outcome.
+        for work in works:
+            _sanitizer.waited(work, pg._global_rank)
+
+
+def _barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool, works: list[SimWork]) -> None:
     seconds = _seconds(pg, timeout)
+    started = time.monotonic()  # one deadline for every wait, as gloo's
     me, n = pg.rank(), pg.size()
     if n == 1:
         return
     if me != 0:
-        _report_to_rank_0(pg, me, seconds)
+        _report_to_rank_0(pg, me, seconds, started, works)
         return
     token = torch.zeros(1)
     recvs = [(r, pg.recv([torch.zeros(1)], r, TAG)) for r in range(1, n)]
+    works.extend(work for _, work in recvs)
     failed: list[int] = []
     for r, work in recvs:
         if seconds <= 0:
@@ -66,7 +81,7 @@ def monitored_barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool) -
             raise error
         timed_out = transport_timeout(seconds)
         try:
-            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, timed_out)  # type: ignore[arg-type]  # posted: never None
+            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, timed_out, started)  # type: ignore[arg-type]  # posted: never None
         except RuntimeError as exc:
             if exc is not timed_out:
                 raise
@@ -82,14 +97,18 @@ def monitored_barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool) -
         ranks = ", ".join(map(str, failed))
         raise RuntimeError(f"[Rank 0]: Ranks {ranks} failed to pass monitoredBarrier in {ms(seconds)} ms")
     for r in range(1, n):
-        pg.send([token], r, TAG).wait()
+        works.append(pg.send([token], r, TAG))
+        works[-1].wait()
 
 
-def _report_to_rank_0(pg: SimProcessGroup, me: int, seconds: float) -> None:
+def _report_to_rank_0(
+    pg: SimProcessGroup, me: int, seconds: float, started: float, works: list[SimWork]
+) -> None:
+    works.extend((pg.send([torch.zeros(1)], 0, TAG), pg.recv([torch.zeros(1)], 0, TAG)))
     try:
-        for work in (pg.send([torch.zeros(1)], 0, TAG), pg.recv([torch.zeros(1)], 0, TAG)):
+        for work in works:
             error = transport_timeout(seconds, work._waitable.kind)  # type: ignore[union-attr]  # posted: never None
-            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, error)  # type: ignore[arg-type]  # posted: never None
+            wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, error, started)  # type: ignore[arg-type]  # posted: never None
     except RuntimeError as exc:
         raise RuntimeError(
             f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "

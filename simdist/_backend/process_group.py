@@ -24,6 +24,7 @@ from .._isolation import profiler as _profiler
 from .._isolation.c10d_state import scoped_name
 from ..errors import UnsupportedOperationError
 from ..reduction import check_reduce_op
+from . import ddp_logging as _ddp_logging  # noqa: F401  # registers its patch
 from . import kernels as K
 from .buffers import bump, detached
 from .coalesced import Coalesced

@@ -1,21 +1,40 @@
-"""Timeouts as gloo reports them, delivered the moment a wait can never complete.
+"""Timeouts as gloo reports them, delivered once a wait can never complete.
 
 simdist keeps no clock: a wait that carries a timeout (``Work.wait(timeout)``,
-``barrier(timeout=)``, a group made with an explicit ``timeout=``) fails
-exactly when deadlock detection knows it can never complete, with the error
-gloo raises in that rank once the time is up (type and words measured on
-torch 2.13), the deadlock report as its ``__cause__``. A wait that completes,
-however late, never times out.
+``barrier(timeout=)``, a group made with an explicit ``timeout=``,
+``monitored_barrier``) fails exactly when deadlock detection knows it can
+never complete, with the error gloo raises in that rank once the time is up
+(type and words measured on torch 2.13), the deadlock report as its
+``__cause__``. A wait that completes, however late, never times out.
+
+When is the error raised? At once by default: the verdict is the same as
+gloo's, and nobody wants to wait out a timeout (c10d's default is 30
+minutes). Code that measures the time a timeout takes (PyTorch's own
+``test_barrier_timeout_*`` assert it passed) can have timeouts of at most
+``waited_out_up_to_s`` seconds waited out in wall time first, from where
+gloo's clock starts (the call's issue for a group's or barrier's timeout, the
+``wait`` for ``Work.wait(timeout)``, the entry of ``monitored_barrier``), at a
+cost bounded by that timeout. ``simdist.torch_compat`` sets it to
+``REAL_TIME_UP_TO_S`` while it is installed, as PyTorch's tests expect. The
+waiting rank keeps the run token meanwhile, as a ``delay`` fault does; an
+abort of the world cuts the wait short.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 from .._core.records import P2POp, Waitable
 from .._core.scheduler import Scheduler
 from ..errors import mark_consequence
+
+# What torch_compat waits out (PyTorch's tests use timeouts of 1-5 s).
+REAL_TIME_UP_TO_S = 5.0
+# Timeouts up to this many seconds are waited out before their error is
+# raised; 0: every one is raised at once (the default outside torch_compat).
+waited_out_up_to_s = 0.0
 
 
 def seconds_of(timeout: Any) -> float | None:
@@ -33,17 +52,34 @@ def ms(seconds: float) -> int:
 
 def transport_timeout(seconds: float, kind: str = "recv") -> RuntimeError:
     """What gloo's transport raises when a wait on a peer times out."""
+    when = "waited out" if seconds <= waited_out_up_to_s else "reported at once"
     return RuntimeError(
         f"Timed out waiting {ms(seconds)}ms for {kind} operation to complete "
-        f"(simdist: it can never complete, so the timeout is reported at once)"
+        f"(simdist: it can never complete, so the timeout is {when})"
     )
 
 
 def wait_timed(
-    scheduler: Scheduler, rank: int, waitable: Waitable, seconds: float, error: BaseException
+    scheduler: Scheduler,
+    rank: int,
+    waitable: Waitable,
+    seconds: float,
+    error: BaseException,
+    started: float | None = None,
 ) -> None:
-    """Wait; should the wait never complete, raise ``error`` (its cause: the deadlock report)."""
-    scheduler.wait_timed(rank, waitable, seconds, lambda: error)
+    """Wait; should the wait never complete, raise ``error`` (its cause: the
+    deadlock report), no earlier than ``seconds`` after ``started`` (a
+    ``time.monotonic()``; by default now) where the timeout is short."""
+    if started is None:
+        started = time.monotonic()
+    try:
+        scheduler.wait_timed(rank, waitable, seconds, lambda: error)
+    except BaseException as exc:
+        if exc is error and seconds <= waited_out_up_to_s:
+            left = started + seconds - time.monotonic()
+            if left > 0:
+                scheduler.sleep(left)
+        raise
 
 
 def close_group(scheduler: Scheduler, rank: int, waitable: Waitable, what: str) -> None:
@@ -60,13 +96,20 @@ def close_group(scheduler: Scheduler, rank: int, waitable: Waitable, what: str) 
 
 
 def wait_with_timeout(
-    scheduler: Scheduler, rank: int, waitable: Waitable, seconds: float, explicit_wait: bool
+    scheduler: Scheduler,
+    rank: int,
+    waitable: Waitable,
+    seconds: float,
+    explicit_wait: bool,
+    issued: float | None = None,
 ) -> None:
     """A Work's wait that carries a timeout, failing as gloo's would: an
     explicit ``Work.wait(timeout)`` on a collective raises "Operation timed
     out!"; a transport timeout (a group's or a barrier's timeout, or any timed
     point-to-point wait) raises "Timed out waiting ...ms for recv operation to
-    complete". Either closes the group: the call never completes anywhere."""
+    complete". Either closes the group: the call never completes anywhere.
+    gloo's transport clock starts at the call's ``issued`` time; an explicit
+    wait's at the wait."""
     p2p = isinstance(waitable, P2POp)
     what = waitable.describe()
     if explicit_wait and not p2p:
@@ -74,7 +117,7 @@ def wait_with_timeout(
     else:
         error = transport_timeout(seconds, waitable.kind if p2p else "recv")  # type: ignore[attr-defined]  # a P2POp has its kind
     try:
-        wait_timed(scheduler, rank, waitable, seconds, error)
+        wait_timed(scheduler, rank, waitable, seconds, error, None if explicit_wait else issued)
     except RuntimeError as exc:
         if exc is error:
             close_group(scheduler, rank, waitable, what)

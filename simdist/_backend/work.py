@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ class SimWork(dist.Work):
         self._rank = rank
         self._waitable = waitable
         self._result = result or []
+        self._issued = time.monotonic()  # where gloo's transport timeout starts
         # In flight until waited, unless c10d waits for it at once (synchronous).
         self._in_flight = _sanitizer.issued(self, rank, waitable, synchronous)
 
@@ -47,7 +49,12 @@ class SimWork(dist.Work):
                     self._scheduler.wait(self._rank, self._waitable)
                 else:
                     wait_with_timeout(
-                        self._scheduler, self._rank, self._waitable, seconds, explicit is not None
+                        self._scheduler,
+                        self._rank,
+                        self._waitable,
+                        seconds,
+                        explicit is not None,
+                        self._issued,
                     )
             finally:
                 if self._in_flight:

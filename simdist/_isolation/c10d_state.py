@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .._core.identity import me
-from . import patches
+from . import c10d_imports, patches
 
 _install_lock = threading.Lock()
 _runs = 0  # runs in progress
@@ -211,11 +211,13 @@ def _route_locked() -> None:
     for name, wrapper in _WRAPPERS.items():
         _patched[name] = getattr(c10d, name)
         setattr(c10d, name, wrapper)
+    c10d_imports.install()
 
 
 def _unroute_if_idle_locked() -> None:
     if _runs or _live or "world" not in _saved:
         return
+    c10d_imports.uninstall()
     for name, original in _patched.items():
         setattr(c10d, name, original)
     # _patched is kept: a module that imported a wrapper by name while routing
@@ -275,9 +277,10 @@ patches.register(
     "c10d routing",
     install,
     uninstall,
-    # the router, the registry wrappers, and what ranks' init_process_group sets
+    # the router, the registry wrappers, what ranks' init_process_group sets,
+    # and the finder that imports torch.distributed modules unrouted (c10d_imports)
     [(c10d, "_world"), *((c10d, name) for name in _WRAPPERS)]
-    + [(c10d, "_backend"), (c10d, "_default_pg_init_method"), (sys, "excepthook")],
+    + [(c10d, "_backend"), (c10d, "_default_pg_init_method"), (sys, "excepthook"), (sys, "meta_path")],
     lambda owner, attribute, value: _peel(owner, value),
 )
 

@@ -6,16 +6,21 @@ While runs are in progress simdist changes things a process has once:
    globals when a rank imports it first (``rank_local_defaults``); only for
    runs whose process has not imported Megatron yet.
 2. ``c10d routing``: ``distributed_c10d._world`` routed per rank thread and
-   c10d's group registry scoped per rank (``c10d_state``); it stays until the
+   c10d's group registry scoped per rank (``c10d_state``), with a
+   ``sys.meta_path`` finder running torch.distributed modules a rank imports
+   first against the process's state (``c10d_imports``); it stays until the
    last rank thread has left, even after the last run returned.
-3. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
+3. ``ddp logging``: ``DistributedDataParallel._get_ddp_logging_data``, so
+   that a simulated group reports the backend the program asked for
+   (``_backend.ddp_logging``).
+4. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
    world's Python store through c10d's C++ prefixes (``simdist.store``).
-4. ``debugger``: ``pdb.Pdb.interaction``, so that every Pdb stopping in a rank
+5. ``debugger``: ``pdb.Pdb.interaction``, so that every Pdb stopping in a rank
    thread names the rank and pauses its world (``debug._pdb``).
-5. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
+6. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
    ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
    that make threads a rank starts the rank's (``helpers``).
-6. ``profiler``: ``torch.autograd.profiler.profile``'s ``_prepare_trace``,
+7. ``profiler``: ``torch.autograd.profiler.profile``'s ``_prepare_trace``,
    ``_start_trace`` and ``_parse_kineto_results``, ``torch.autograd``'s
    ``_add_metadata_json``, and ``torch.autograd.profiler``'s
    ``_prepare_profiler``, ``_enable_profiler`` and ``_disable_profiler``, so
@@ -103,6 +108,7 @@ class Patch:
 ORDER = (
     "import hook",
     "c10d routing",
+    "ddp logging",
     "prefix store",
     "debugger",
     "helper threads",

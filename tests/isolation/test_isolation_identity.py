@@ -103,6 +103,7 @@ def test_leases_count_users_and_release_once() -> None:
     second = patches.lease()
     every_run = [
         "c10d routing",
+        "ddp logging",
         "prefix store",
         "debugger",
         "helper threads",
