@@ -104,8 +104,10 @@ def _barrier(pg: SimProcessGroup, timeout: Any, wait_all_ranks: bool, works: lis
 def _report_to_rank_0(
     pg: SimProcessGroup, me: int, seconds: float, started: float, works: list[SimWork]
 ) -> None:
-    works.extend((pg.send([torch.zeros(1)], 0, TAG), pg.recv([torch.zeros(1)], 0, TAG)))
     try:
+        # gloo wraps whatever its send and recv raise, posting included (rank 0
+        # may have timed out and closed the group before this rank arrived).
+        works.extend((pg.send([torch.zeros(1)], 0, TAG), pg.recv([torch.zeros(1)], 0, TAG)))
         for work in works:
             error = transport_timeout(seconds, work._waitable.kind)  # type: ignore[union-attr]  # posted: never None
             wait_timed(pg._scheduler, pg._global_rank, work._waitable, seconds, error, started)  # type: ignore[arg-type]  # posted: never None
