@@ -44,6 +44,8 @@ def _calls(rank: int, world: int) -> None:
             dist.recv(torch.empty(7))
     else:
         dist.isend(torch.ones(7), 0).wait()
+    # Before any later send reaches rank 0: an any-source recv would take it.
+    dist.barrier()
     peer = (rank + 1) % world
     src = (rank - 1) % world
     if rank % 2 == 0:
