@@ -23,6 +23,7 @@ import types
 from typing import Any
 
 from .._core.identity import me
+from .import_chain import spec_from_others
 
 PREFIX = "torch.distributed."
 
@@ -31,13 +32,8 @@ class _ProcessStateImports(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if not fullname.startswith(PREFIX) or me.c10d is None:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        spec = spec_from_others(self, fullname, path, target)
+        if spec is None:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _Unrouted(spec.loader)

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import patches, torch_caches
+from .import_chain import spec_from_others
 from .slots import _attr_slot, _module_slot, _Slot, attr_slot_name, module_slot_name
 
 # Megatron-core modules whose globals are process state (see the module doc).
@@ -113,13 +114,8 @@ class _FreshGlobals(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if _watched(fullname) is None:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        spec = spec_from_others(self, fullname, path, target)
+        if spec is None:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _Recording(spec.loader, self.fresh)
