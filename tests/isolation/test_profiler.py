@@ -317,3 +317,30 @@ def test_a_session_nested_in_a_ranks_session_is_torchs_error_not_an_empty_outer(
         """
     )
     assert out.strip() == "('Profiler is already enabled on this thread', True)"
+
+
+def test_a_call_a_ranks_helper_thread_makes_is_recorded_in_the_ranks_session() -> None:
+    """The rank profiles; its helper thread issues the collective (as a
+    background communication thread does): the event is in the rank's
+    session, once, and never in a peer's."""
+    out = run_program(
+        """
+        import threading
+
+        def body(ctx):
+            with torch.autograd.profiler.profile() as prof:
+                if ctx.rank == 0:
+                    t = threading.Thread(target=lambda: dist.all_reduce(torch.ones(2)))
+                    t.start()
+                    t.join()
+                else:
+                    dist.all_reduce(torch.ones(2))
+                    dist.barrier()
+            if ctx.rank == 0:
+                dist.barrier()
+            return sorted(e.name for e in prof.function_events if e.name.startswith("simdist:"))
+
+        print(simdist.run(body, world_size=2, timeout=60))
+        """
+    )
+    assert eval(out.strip()) == [["simdist:all_reduce"], ["simdist:all_reduce", "simdist:barrier"]]
