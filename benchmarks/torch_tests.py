@@ -4,6 +4,8 @@
                                                       # the native sample of 8, the sample classes
     python benchmarks/torch_tests.py --native 0       # simdist only
     python benchmarks/torch_tests.py -k all_reduce    # tests whose name contains all_reduce
+    python benchmarks/torch_tests.py --native-all     # every test simdist does not skip, natively
+                                                      # too (an hour or more on two cores)
 
 Runs the installed wheel's ``distributed_test.py`` (gloo, world 3, as
 PyTorch's ``test_distributed_spawn.py`` builds it) through
@@ -165,6 +167,12 @@ def main() -> None:
     parser.add_argument(
         "--native", type=int, default=len(NATIVE_SAMPLE), help="distributed_test tests run natively too"
     )
+    parser.add_argument(
+        "--native-all",
+        action="store_true",
+        help="run natively every distributed_test test that simdist does not skip (the share that "
+        "pass on simdist of those that pass natively is then the whole file's)",
+    )
     parser.add_argument("-k", default="", help="only distributed_test tests whose name contains this")
     parser.add_argument("--child", choices=["simdist", "native"], help=argparse.SUPPRESS)
     parser.add_argument("--cls", help=argparse.SUPPRESS)
@@ -196,10 +204,13 @@ def main() -> None:
         elif r["verdict"] in ("fail", "crash"):
             print(f"  {r['verdict']:5} {r['name']}: {r['why']}")
 
-    sample = [n for n in NATIVE_SAMPLE if n in names][: args.native]
-    sample += [n for n in names if n not in sample and sim[n]["verdict"] == "pass"][
-        : max(0, args.native - len(sample))
-    ]
+    if args.native_all:
+        sample = [n for n in names if sim[n]["verdict"] != "skip"]
+    else:
+        sample = [n for n in NATIVE_SAMPLE if n in names][: args.native]
+        sample += [n for n in names if n not in sample and sim[n]["verdict"] == "pass"][
+            : max(0, args.native - len(sample))
+        ]
     rows = []
     if sample:
         native = run_tests("native", "distributed_test", sample, timeout=600 * len(sample))
@@ -209,6 +220,13 @@ def main() -> None:
         print(f"  pass natively, not on simdist: {lost or 'none'}")
         gained = [n for n in sample if native[n]["verdict"] != "pass" and sim[n]["verdict"] == "pass"]
         print(f"  pass on simdist, not natively: {gained or 'none'}")
+        passing = [n for n in sample if native[n]["verdict"] == "pass"]
+        if passing:
+            kept = sum(sim[n]["verdict"] == "pass" for n in passing)
+            print(
+                f"  of the {len(passing)} that pass natively, {kept} pass on simdist "
+                f"({100 * kept / len(passing):.0f}%)"
+            )
         print("\n| test | simdist s | of which sleep s | native s | native s / simdist s |")
         print("|---|---|---|---|---|")
         for n in sample:
