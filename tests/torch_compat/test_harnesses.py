@@ -13,6 +13,7 @@ import torch_harness_cases as cases
 
 import simdist
 from simdist import torch_compat
+from simdist._backend import timeouts
 
 
 @pytest.fixture
@@ -112,12 +113,15 @@ def test_uninstall_puts_the_harnesses_back(native: None) -> None:
     mp = torch_compat.harness.MultiProcessTestCase
     mt = torch_compat.harness.MultiThreadedTestCase
     before = (vars(mp)["_spawn_processes"], vars(mp)["_join_processes"], vars(mt)["_join_threads"])
+    assert timeouts.waited_out_up_to_s == 0  # outside the adapter: every timeout at once
     torch_compat.install()
     torch_compat.install()  # twice: still one install
     assert vars(mp)["_join_processes"] is not before[1]
+    assert timeouts.waited_out_up_to_s == timeouts.REAL_TIME_UP_TO_S  # PyTorch's tests time them
     torch_compat.uninstall()
     after = (vars(mp)["_spawn_processes"], vars(mp)["_join_processes"], vars(mt)["_join_threads"])
     assert after == before
+    assert timeouts.waited_out_up_to_s == 0
     assert not torch_compat.installed()
 
 
