@@ -52,17 +52,16 @@ def test_nn_functional_imported_first_in_a_rank_defaults_to_the_callers_default_
     )
 
 
-def test_two_of_simdists_finders_wanting_one_module_both_wrap_it_without_asking_each_other_for_ever() -> None:
-    """DTensor's ``_api`` is watched by rank_local_defaults' finder and is a
-    torch.distributed module for c10d_imports' finder: each asks the other
-    finders for the spec, so the two once asked each other until the stack
-    ran out (RecursionError), for a rank that first imported the module."""
+CHILD_BOTH = textwrap.dedent(
+    """
+    import sys
     import torch.distributed.tensor as dtensor
-
     import simdist
     from simdist._isolation import c10d_imports
 
-    def body(ctx: object) -> list[str]:
+    assert "megatron" not in sys.modules  # else the fresh-globals finder is not installed
+
+    def body(ctx):
         ours = [f for f in sys.meta_path if f is c10d_imports.FINDER or type(f).__name__ == "_FreshGlobals"]
         assert len(ours) == 2, sys.meta_path  # both are installed during this run
         spec = sys.meta_path[0].find_spec("torch.distributed.tensor._api", dtensor.__path__)
@@ -72,6 +71,21 @@ def test_two_of_simdists_finders_wanting_one_module_both_wrap_it_without_asking_
             loader = getattr(loader, "loader", None)  # each wrapper keeps the loader it wraps
         return loaders
 
-    loaders = simdist.run(body, world_size=1, timeout=60)[0]
+    print("LOADERS", simdist.run(body, world_size=1, timeout=60)[0])
+    """
+)
+
+
+def test_two_of_simdists_finders_wanting_one_module_both_wrap_it_without_asking_each_other_for_ever() -> None:
+    """DTensor's ``_api`` is watched by rank_local_defaults' finder and is a
+    torch.distributed module for c10d_imports' finder: each asks the other
+    finders for the spec, so the two once asked each other until the stack
+    ran out (RecursionError), for a rank that first imported the module. In
+    a fresh interpreter: the fresh-globals finder is installed only in a
+    process that has not imported Megatron."""
+    proc = subprocess.run([sys.executable, "-c", CHILD_BOTH], capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("LOADERS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    loaders = eval(lines[-1][len("LOADERS ") :])
     assert loaders[:2] in (["_Unrouted", "_Recording"], ["_Recording", "_Unrouted"]), loaders
     assert loaders[-1] == "SourceFileLoader", loaders
