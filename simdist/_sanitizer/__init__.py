@@ -53,7 +53,11 @@ def _books(world: Any) -> Any:
         else:
             order = GroupOrder(every_group=options.check_group_order)
             books = [RankBook(r, options.strict_async, order) for r in range(world.world_size)]
-        world.__dict__[_KEY] = books
+        # Atomic: ranks (and their helper threads) of a concurrent schedule may
+        # get here at once. Every thread must use the one list that is kept; a
+        # call put in a list that lost the race is never waited there, and the
+        # mode of that list's book would report it forever.
+        books = world.__dict__.setdefault(_KEY, books)
     return books
 
 

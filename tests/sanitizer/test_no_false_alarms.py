@@ -10,11 +10,15 @@ leave nothing in flight).
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import simdist
+from simdist._run.options import RunOptions
 from simdist._sanitizer.mode import checked_ops
 
 
@@ -133,3 +137,69 @@ def test_the_draft_loss_worker_under_context_parallel() -> None:
     before = checked_ops[0]
     check_parity(simdist.Layout(cp=2, dp=2), config_for(torch.float32), "uneven", 2, seq_len=12)
     assert ops_checked_since(before) > 0
+
+
+def helpers_reduce_at_once(ctx: simdist.RankContext) -> float:
+    # Every rank starts a helper at once, and the helper's synchronous
+    # all_reduce goes in flight (a rank with helpers keeps checking): the
+    # ranks' first use of the sanitizer may come from any thread.
+    out: list[object] = []
+
+    def work() -> None:
+        try:
+            t = torch.ones(1) * ctx.rank
+            dist.all_reduce(t)
+            out.append(t.item())
+        except BaseException as e:  # the helper's error is the rank's (a false alarm shows as itself)
+            out.append(e)
+
+    helper = threading.Thread(target=work)
+    helper.start()
+    helper.join()
+    [got] = out
+    if isinstance(got, BaseException):
+        raise got
+    assert isinstance(got, float)
+    return got
+
+
+@pytest.mark.parametrize("schedule", ["rank", "random", "concurrent"])
+def test_the_books_are_one_list_whichever_thread_makes_them(
+    schedule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Making the books is slowed so that threads of a concurrent schedule
+    # overlap in it: each one that made its own list kept its call in a book
+    # nobody waited on, and reported the next read as a race.
+    import simdist._sanitizer as sanitizer
+    from simdist._sanitizer.book import RankBook
+
+    made = RankBook.__init__
+
+    def slow(self: RankBook, *args: object, **kwargs: object) -> None:
+        time.sleep(0.002)
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RankBook, "__init__", slow)
+    for _ in range(5):
+        got = simdist.run(helpers_reduce_at_once, world_size=4, schedule=schedule, check_async=True)
+        assert got == [6.0] * 4
+
+    # And directly: threads asking at once all get the list that is kept.
+    class World:
+        world_size = 4
+        options = RunOptions(world_size=4, check_async=True)
+
+    world = World()
+    start = threading.Barrier(4)
+    lists: list[object] = []
+
+    def ask() -> None:
+        start.wait(timeout=10)
+        lists.append(sanitizer._books(world))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(lists) == 4 and all(b is world.__dict__[sanitizer._KEY] for b in lists)
