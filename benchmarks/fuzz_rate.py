@@ -28,6 +28,7 @@ Measurements, printed side by side from one run:
 
     python benchmarks/fuzz_rate.py                 # 60 s campaign + side by side
     python benchmarks/fuzz_rate.py --budget 20 --reps 3 --no-gloo
+    python benchmarks/fuzz_rate.py --before main --rounds 3 --budget 60 --campaign-only
 
 Both sides use one intra-op thread per rank (gloo's workers set that
 themselves, like torchrun; `--threads` changes simdist's side). Prints;
@@ -74,7 +75,14 @@ BODY_MODULES = [
 ]
 
 
-def campaign(budget: float, workers: int) -> None:
+def campaign(budget: float, workers: int, root: Path = ROOT, label: str = "") -> float:
+    """One default campaign in ``root`` (a checkout; another revision's runs on
+    its own simdist, put first on the path). Prints it; returns its cases/s."""
+    env = dict(os.environ)
+    if root != ROOT:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(root), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+        )
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
@@ -95,7 +103,8 @@ def campaign(budget: float, workers: int) -> None:
                 "--report",
                 str(report),
             ],
-            cwd=ROOT,
+            cwd=root,
+            env=env,
             capture_output=True,
             text=True,
             check=False,
@@ -104,22 +113,41 @@ def campaign(budget: float, workers: int) -> None:
         seconds: dict[str, float] = defaultdict(float)
         cases: dict[str, int] = defaultdict(int)
         ready: list[float] = []  # per worker: seconds from the campaign's start to its first round
-        for path in Path(data["run_dir"]).glob("worker-*.jsonl"):
+        for path in (root / data["run_dir"]).glob("worker-*.jsonl"):  # relative to the campaign's folder
             rounds = [e for e in map(json.loads, path.read_text().splitlines()) if e["e"] == "round"]
             for event in rounds:
                 seconds[event["p"]] += event["sec"]
                 cases[event["p"]] += event["cases"]
             if rounds:
                 ready.append(rounds[0]["t"] - rounds[0]["sec"])
+    rate = data["cases"] / data["elapsed_s"]
     print(
-        f"1. default campaign: {data['cases']} cases in {data['elapsed_s']:.1f} s with {workers} worker(s) "
+        f"1. default campaign{label}: {data['cases']} cases in {data['elapsed_s']:.1f} s with {workers} worker(s) "
         f"= {data['cases'] / data['elapsed_s']:.1f} cases/s (worker start-up included); "
         f"{len(data['distinct_layouts'])} distinct layouts, {len(data['failures'])} failure(s); "
         f"workers ready after {', '.join(f'{t:.1f}' for t in sorted(ready))} s"
     )
     for prop in sorted(seconds):
-        rate = cases[prop] / seconds[prop] if seconds[prop] else 0.0
-        print(f"   {prop.rsplit('::', 1)[-1]:<52} {cases[prop]:>6} cases {rate:8.1f} cases/s")
+        per = cases[prop] / seconds[prop] if seconds[prop] else 0.0
+        print(f"   {prop.rsplit('::', 1)[-1]:<52} {cases[prop]:>6} cases {per:8.1f} cases/s")
+    return rate
+
+
+def campaigns_before_after(budget: float, workers: int, rev: str, rounds: int) -> None:
+    """The default campaign now and as of ``rev``, alternating, ``rounds`` each."""
+    from scale import export  # the same export as scale.py's --before
+
+    before = export(rev, ())
+    rates: dict[str, list[float]] = {"now": [], rev: []}
+    for _ in range(rounds):
+        rates["now"].append(campaign(budget, workers, label=" (now)"))
+        rates[rev].append(campaign(budget, workers, before, label=f" ({rev})"))
+    now, old = statistics.median(rates["now"]), statistics.median(rates[rev])
+    print(
+        f"   median of {rounds}: now {now:.1f} cases/s, {rev} {old:.1f} cases/s: now/{rev} = {now / old:.2f}x "
+        f"(spread now {min(rates['now']):.1f}-{max(rates['now']):.1f}, {rev} {min(rates[rev]):.1f}-{max(rates[rev]):.1f}); "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
 
 
 def case_for(layout: simdist.Layout) -> DraftCase:
@@ -365,6 +393,15 @@ def main() -> int:
         "--threads", type=int, default=1, help="intra-op threads on simdist's side (default 1)"
     )
     parser.add_argument("--no-campaign", action="store_true")
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also run the default campaign as of this git revision (its whole tree), alternating with now",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="campaigns per side with --before (default 1)")
+    parser.add_argument(
+        "--campaign-only", action="store_true", help="only the campaign(s), not parts 2 and 3"
+    )
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--gloo-preloaded-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -376,8 +413,12 @@ def main() -> int:
         f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"simdist side {torch.get_num_threads()} intra-op thread(s)"
     )
-    if not args.no_campaign:
+    if args.before:
+        campaigns_before_after(args.budget, args.workers, args.before, args.rounds)
+    elif not args.no_campaign:
         campaign(args.budget, args.workers)
+    if args.campaign_only:
+        return 0
     gloo_reps = max(1, args.reps // 2)
     preloaded = {} if args.no_gloo else gloo_preloaded(gloo_reps)
     print(

@@ -406,11 +406,11 @@ def measure(root: Path, kind: str, *args: int, timeout: float) -> dict[str, Any]
     return {"error": tail}
 
 
-def export(rev: str) -> Path:
-    """simdist as of ``rev``, in a temporary folder (removed at exit)."""
+def export(rev: str, paths: tuple[str, ...] = ("simdist",)) -> Path:
+    """``paths`` of the checkout as of ``rev`` (all of it for ``()``), in a temporary folder."""
     folder = Path(tempfile.mkdtemp(prefix="simdist-before-"))
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "simdist"], capture_output=True, check=True
+        ["git", "-C", str(ROOT), "archive", rev, *paths], capture_output=True, check=True
     ).stdout
     archive_path = folder / "src.tar"
     archive_path.write_bytes(archive)
