@@ -85,8 +85,12 @@ def test_a_harness_rank_starts_no_event_listener_thread(
     assert theirs == []
 
 
-def test_the_harness_module_sees_the_real_threading_otherwise(compat: None) -> None:
+def test_the_harness_sees_the_real_threading_otherwise_and_uninstall_puts_all_back(compat: None) -> None:
     common = torch_compat.harness.common
+    torch_compat.uninstall()
+    seeding = [m.manual_seed_all for m in DEVICE_MODULES]
+    torch_compat.install()
+    assert all(m.manual_seed_all is not theirs for m, theirs in zip(DEVICE_MODULES, seeding))
     assert common.threading.local is threading.local and common.threading.Lock is threading.Lock
     thread = common.threading.Thread(target=lambda: None, daemon=True)
     assert type(thread) is threading.Thread
@@ -94,6 +98,7 @@ def test_the_harness_module_sees_the_real_threading_otherwise(compat: None) -> N
     thread.join()
     torch_compat.uninstall()
     assert common.threading is threading
+    assert all(m.manual_seed_all is theirs for m, theirs in zip(DEVICE_MODULES, seeding))
 
 
 def test_harness_ranks_are_seeded_as_processes_without_formatting_stacks(
