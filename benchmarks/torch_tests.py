@@ -6,6 +6,8 @@
     python benchmarks/torch_tests.py -k all_reduce    # tests whose name contains all_reduce
     python benchmarks/torch_tests.py --native-all     # every test simdist does not skip, natively
                                                       # too (an hour or more on two cores)
+    python benchmarks/torch_tests.py --threaded-only  # only the threaded-PG classes, side by side
+    python benchmarks/torch_tests.py --threaded-only --calls   # and their Python calls per test
 
 Runs the installed wheel's ``distributed_test.py`` (gloo, world 3, as
 PyTorch's ``test_distributed_spawn.py`` builds it) through
@@ -17,6 +19,18 @@ on two cores), each with its own ratio and the seconds its body sleeps, and the
 threaded-PG and DTensor-style classes of tests/support/torch_harness_cases.py
 run both ways. Prints pass counts, what fails on simdist but passes natively,
 and time ratios. It asserts nothing.
+
+The threaded-PG classes (``ThreadCases``, a ``MultiThreadedTestCase``, and a
+class of ``spawn_threads_and_init_comms`` tests) run side by side in one child
+process: each repeat runs the whole class once through simdist (the adapter
+installed) and once on torch's threaded process group (uninstalled), in
+alternating order, so both see the same load. Printed: the best of
+``--repeats`` class runs and the spread (median and slowest over best), the
+first run of each (where the child's imports and simdist's thread pool
+start), and the load average before and after. ``--calls`` counts the Python
+function calls (and builtin calls) per test in every thread, simdist's split
+by where they run (the adapter, the engine's rooms, torch's harness): counts,
+unlike times, do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -27,8 +41,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -114,6 +130,247 @@ def _count_sleeps() -> list[float]:
     return slept
 
 
+# -- the threaded-PG classes, side by side in one process ----------------------
+
+
+def _threaded_pairs() -> dict[str, tuple[type, type]]:
+    """Each threaded-PG class as (simdist's, the threaded PG's): a
+    ``spawn_threads_and_init_comms`` test is wrapped when its class is
+    defined, so that class is defined once with the adapter installed and once
+    without; a ``MultiThreadedTestCase`` is routed at run time."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+    import torch_harness_cases as cases
+
+    from simdist import torch_compat
+
+    torch_compat.install()
+    decorated_sim = cases.decorated_cases()
+    torch_compat.uninstall()
+    decorated_native = cases.decorated_cases()
+    return {
+        "ThreadCases (MultiThreadedTestCase)": (cases.ThreadCases, cases.ThreadCases),
+        "spawn_threads_and_init_comms": (decorated_sim, decorated_native),
+    }
+
+
+def _run_class(cls: type, names: list[str]) -> tuple[float, dict[str, str]]:
+    """One run of the class's tests: the seconds it took, and each test's verdict."""
+    verdicts = {}
+    start = time.perf_counter()
+    for name in names:
+        result = unittest.TestResult()
+        cls(name).run(result)
+        verdicts[name] = "fail" if result.errors or result.failures else "skip" if result.skipped else "pass"
+    return time.perf_counter() - start, verdicts
+
+
+def _in_mode(mode: str) -> None:
+    from simdist import torch_compat
+
+    if mode == "simdist":
+        torch_compat.install()
+    else:
+        torch_compat.uninstall()
+
+
+def side_by_side(repeats: int, out: str) -> None:
+    """Child: each threaded-PG class, ``repeats`` times each way, alternating."""
+    import logging
+
+    logging.disable(logging.CRITICAL)  # the harness logs every failing rank's traceback
+    report: dict[str, dict] = {"load_before": os.getloadavg()[0]}
+    for label, pair in _threaded_pairs().items():
+        names = unittest.TestLoader().getTestCaseNames(pair[0])
+        row: dict[str, Any] = {"n": len(names), "times": {"simdist": [], "threaded": []}, "verdicts": {}}
+        for rep in range(repeats + 1):  # the first is each way's first run, reported apart
+            order = ("simdist", "threaded") if rep % 2 == 0 else ("threaded", "simdist")
+            for mode in order:
+                _in_mode(mode)
+                seconds, verdicts = _run_class(pair[0] if mode == "simdist" else pair[1], names)
+                if rep == 0:
+                    row.setdefault("first", {})[mode] = seconds
+                else:
+                    row["times"][mode].append(seconds)
+                row["verdicts"][mode] = verdicts
+        report[label] = row
+    _in_mode("threaded")
+    report["load_after"] = os.getloadavg()[0]
+    with open(out, "w") as f:
+        json.dump(report, f)
+
+
+# Where a call runs, by the file of the code that makes it (a builtin: the
+# file that calls it). The first prefix that matches names the room.
+_AREAS = [
+    ("simdist/torch_compat.py", "simdist: the adapter (torch_compat)"),
+    ("simdist/_core/", "simdist: _core (scheduler, turns, pool)"),
+    ("simdist/_isolation/", "simdist: _isolation (state swap, patches)"),
+    ("simdist/_run/", "simdist: _run (runner, world)"),
+    ("simdist/_backend/", "simdist: _backend (process group, ops)"),
+    ("simdist/_sanitizer/", "simdist: _sanitizer"),
+    ("simdist/", "simdist: other (debug, trace, policy)"),
+    ("torch/testing/", "torch's harness (torch.testing._internal)"),
+    ("torch/distributed/", "torch.distributed"),
+    ("torch/", "torch, other"),
+    ("tests/support/", "the test bodies"),
+]
+
+
+def _where(filename: str) -> str:
+    """A code object's file, from the package root (``simdist/_core/turns.py``,
+    ``torch/...``) or as Python names it (the stdlib's, ``<frozen ...>``)."""
+    path = filename.replace(os.sep, "/")
+    for prefix, _ in _AREAS:
+        top = prefix.split("/")[0] + "/"
+        at = path.rfind("/" + top)
+        if at >= 0:
+            return path[at + 1 :]
+    return os.path.basename(path)
+
+
+def _area(where: str) -> str:
+    for prefix, area in _AREAS:
+        if where.startswith(prefix):
+            return area
+    return "Python's stdlib (unittest, threading, traceback)"
+
+
+def count_calls(repeats: int, out: str) -> None:
+    """Child: Python and builtin calls per test in every thread, by the file
+    that makes them.
+
+    The counter is installed before any simdist thread exists (parked rank
+    threads are reused, so they must start counted), warms every class up
+    twice each way, then counts ``repeats`` runs of each class each way."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    counts: dict[str, int] = {}
+    counting = [False]
+    by_code: dict[Any, str] = {}
+
+    def counter(frame: Any, event: str, arg: Any) -> None:
+        if not counting[0] or (event != "call" and event != "c_call"):
+            return
+        code = frame.f_code  # a builtin is counted where it is called from
+        where = by_code.get(code)
+        if where is None:
+            where = by_code[code] = _where(code.co_filename)
+        counts[where] = counts.get(where, 0) + 1
+
+    threading.setprofile(counter)
+    sys.setprofile(counter)
+    report: dict[str, dict] = {}
+    try:
+        for label, pair in _threaded_pairs().items():
+            names = unittest.TestLoader().getTestCaseNames(pair[0])
+            row: dict[str, Any] = {"n": len(names)}
+            for mode in ("simdist", "threaded"):
+                cls = pair[0] if mode == "simdist" else pair[1]
+                _in_mode(mode)
+                for _ in range(2):
+                    _run_class(cls, names)
+                counts.clear()
+                counting[0] = True
+                for _ in range(repeats):
+                    _run_class(cls, names)
+                counting[0] = False
+                row[mode] = {where: n / (repeats * len(names)) for where, n in counts.items()}
+            report[label] = row
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+        _in_mode("threaded")
+    with open(out, "w") as f:
+        json.dump(report, f)
+
+
+def _child_json(kind: str, repeats: int, timeout: float) -> dict | None:
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, __file__, "--child", kind, "--repeats", str(repeats), "--out", out]
+    env = dict(os.environ, PYTORCH_PRINT_REPRO_ON_FAILURE="0")
+    try:
+        done = subprocess.run(cmd, env=env, cwd=ROOT, timeout=timeout, capture_output=True, check=False)
+        with open(out) as f:
+            text = f.read()
+        if done.returncode != 0 or not text:
+            print(f"  the {kind} child failed (exit code {done.returncode}):")
+            print("  " + "\n  ".join(done.stderr.decode(errors="replace").strip().splitlines()[-8:]))
+            return None
+        return json.loads(text)
+    except subprocess.TimeoutExpired:
+        print(f"  the {kind} child did not finish in {timeout:.0f} s")
+        return None
+    finally:
+        os.unlink(out)
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
+
+
+def print_side_by_side(repeats: int) -> None:
+    report = _child_json("side-by-side", repeats, timeout=60 + 20 * repeats)
+    if report is None:
+        return
+    print(
+        f"\nthreaded-PG classes, side by side in one process: best of {repeats} class runs each way, "
+        f"alternating; load average {report['load_before']:.2f} before, {report['load_after']:.2f} after"
+    )
+    print(
+        "\n| class | tests | simdist best ms (median, slowest) | threaded PG best ms (median, slowest) "
+        "| threaded PG / simdist, best | first run ms, simdist / threaded PG | verdicts |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, row in report.items():
+        if not isinstance(row, dict):
+            continue
+        cells = []
+        for mode in ("simdist", "threaded"):
+            times = sorted(row["times"][mode])
+            best, median, worst = times[0], times[len(times) // 2], times[-1]
+            cells.append(f"{_ms(best)} ({median / best:.2f}x, {worst / best:.2f}x)")
+        ratio = min(row["times"]["threaded"]) / min(row["times"]["simdist"])
+        same = row["verdicts"]["simdist"] == row["verdicts"]["threaded"]
+        shown = ", ".join(f"{n}: {v}" for n, v in sorted(row["verdicts"]["simdist"].items()))
+        verdicts = f"same ({shown})" if same else f"DIFFER: {row['verdicts']}"
+        first = f"{_ms(row['first']['simdist'])} / {_ms(row['first']['threaded'])}"
+        print(f"| {label} | {row['n']} | {cells[0]} | {cells[1]} | {ratio:.2f}x | {first} | {verdicts} |")
+    print(
+        "  (median and slowest are over the best; a ratio above 1.00x: simdist faster. The first runs "
+        "include what the child does once: imports, simdist's thread pool.)"
+    )
+
+
+def print_calls(repeats: int) -> None:
+    report = _child_json("calls", repeats, timeout=120 + 30 * repeats)
+    if report is None:
+        return
+    for label, row in report.items():
+        by_area: dict[str, dict[str, float]] = {"simdist": {}, "threaded": {}}
+        for mode, areas in by_area.items():
+            for where, n in row[mode].items():
+                areas[_area(where)] = areas.get(_area(where), 0.0) + n
+        sim, native = by_area["simdist"], by_area["threaded"]
+        print(
+            f"\n{label}: Python and builtin calls per test, every thread ({row['n']} tests, "
+            f"{repeats} runs each way)"
+        )
+        print("\n| where | simdist | threaded PG |")
+        print("|---|---|---|")
+        for area in sorted(set(sim) | set(native), key=lambda a: -max(sim.get(a, 0), native.get(a, 0))):
+            print(f"| {area} | {sim.get(area, 0):.0f} | {native.get(area, 0):.0f} |")
+        print(f"| all | {sum(sim.values()):.0f} | {sum(native.values()):.0f} |")
+        files = sorted(
+            ((n, where) for where, n in row["simdist"].items() if where.startswith("simdist/")), reverse=True
+        )
+        print(
+            "  simdist's files making the most calls per test: "
+            + ", ".join(f"{w} {n:.0f}" for n, w in files[:8])
+        )
+
+
 def run_tests(mode: str, cls: str, names: list[str], timeout: float) -> dict[str, dict]:
     """Each test's verdict; a child that dies mid-test marks that test 'crash' and the next child goes on."""
     fd, out = tempfile.mkstemp(suffix=".jsonl")
@@ -174,11 +431,32 @@ def main() -> None:
         "pass on simdist of those that pass natively is then the whole file's)",
     )
     parser.add_argument("-k", default="", help="only distributed_test tests whose name contains this")
-    parser.add_argument("--child", choices=["simdist", "native"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="class runs each way for the threaded-PG classes (best of)"
+    )
+    parser.add_argument(
+        "--threaded-only", action="store_true", help="only the threaded-PG classes, side by side"
+    )
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="also count the threaded-PG classes' Python calls per test, by where they run",
+    )
+    parser.add_argument(
+        "--child", choices=["simdist", "native", "side-by-side", "calls"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--cls", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("names", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.child == "side-by-side":
+        side_by_side(args.repeats, args.out)
+        return
+    if args.child == "calls":
+        count_calls(args.repeats, args.out)
+        return
     if args.child:
         args.mode = args.child
         child(args)
@@ -187,6 +465,12 @@ def main() -> None:
     import torch
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    if args.threaded_only:
+        print_side_by_side(args.repeats)
+        if args.calls:
+            print_calls(3)
+        print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+        return
     dist_cls = _case_classes("dist")["distributed_test"]
     names = [n for n in unittest.TestLoader().getTestCaseNames(dist_cls) if args.k in n]
     start = time.perf_counter()
@@ -233,7 +517,7 @@ def main() -> None:
             s_s, n_s = sim[n].get("s", 0.0), native[n].get("s", 0.0)
             ratio = f"{n_s / s_s:.0f}x" if s_s > 0 else "-"
             print(f"| {n} | {s_s:.2f} | {sim[n].get('sleep', 0.0):.2f} | {n_s:.2f} | {ratio} |")
-    for label in ("threaded", "dtensor"):
+    for label in ("dtensor",):
         cls = _case_classes("cases")[label]
         cnames = unittest.TestLoader().getTestCaseNames(cls)
         rows.append(
@@ -254,6 +538,9 @@ def main() -> None:
             f"| {label} | {len(tnames)} | {counts({n: s_res[n] for n in tnames})}, {s_s:.2f} s "
             f"| {counts(n_res)}, {n_s:.2f} s | {ratio} |"
         )
+    print_side_by_side(args.repeats)
+    if args.calls:
+        print_calls(3)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -225,11 +225,15 @@ def install() -> None:
         _replace(state, mp, "_spawn_processes", _spawn_processes)
         _replace(state, mp, "_join_processes", _join_processes)
         _replace(state, mp, "_event_listener", staticmethod(_no_event_listener))
+        _replace(state, common, "threading", _HarnessThreading())
         _replace(state, mt, "_spawn_threads", _spawn_threads)
         _replace(state, mt, "_join_threads", classmethod(_join_threads))
         _replace(state, common, "spawn_threads_and_init_comms", spawn_threads_and_init_comms)
         # PyTorch's tests assert that a short timeout took its time (gloo's clock).
         _replace(state, timeouts, "waited_out_up_to_s", timeouts.REAL_TIME_UP_TO_S)
+        for device in _LAZILY_SEEDED:
+            module = importlib.import_module(device)
+            _replace(state, module, "manual_seed_all", _seeded_in_ranks_without_stacks(module))
         _state = state
 
 
@@ -291,6 +295,71 @@ def _no_event_listener(parent_pipe: Any, signal_pipe: Any, rank: int) -> None:
     """The harness's per-process listener answers the parent's request for a
     timed-out process's traceback, blocked in ``select`` meanwhile (a helper
     thread simdist cannot tell is idle). simdist reports stuck ranks itself."""
+
+
+class _NoListener:
+    """The thread ``run_test`` starts for its event listener, not started: the
+    listener has nothing to do here (``_no_event_listener``), and a thread a
+    rank starts is the rank's helper, registered with the scheduler and joined
+    as a wait in simdist, for every rank of every test."""
+
+    daemon = True
+
+    def start(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+class _HarnessThreading(types.ModuleType):
+    """``threading`` as ``common_distributed`` sees it while the adapter is
+    installed: the real module, but a thread whose target is the replaced
+    event listener is a ``_NoListener``. Every other thread is a real one."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.__name__, threading.__doc__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+    @staticmethod
+    def Thread(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("target") is _no_event_listener:
+            return _NoListener()
+        return threading.Thread(*args, **kwargs)
+
+
+# Device modules whose ``manual_seed_all`` (called by ``torch.manual_seed``,
+# which the harness's ``set_rng_seed`` calls in every rank) queues the seed for
+# the device's lazy initialisation when none is initialised yet.
+_LAZILY_SEEDED = ("torch.cuda", "torch.xpu", "torch.mtia")
+
+
+def _seeded_in_ranks_without_stacks(module: types.ModuleType) -> Callable[[int], None]:
+    """``module.manual_seed_all`` that, in a simdist rank, queues nothing for a
+    device type the process has none of.
+
+    torch queues such a seed with the caller's formatted stack
+    (``traceback.format_stack``), kept for the error message should the
+    device's lazy initialisation fail later. Without a device that
+    initialisation fails before it reads the queue, so the seed and its stack
+    are never used; formatting three such stacks (cuda, xpu, mtia) per
+    ``torch.manual_seed`` was most of the Python work of a harness test's
+    ranks. Outside ranks, and where the device exists, torch's own runs."""
+    original = module.manual_seed_all
+
+    @functools.wraps(original)
+    def manual_seed_all(seed: int) -> None:
+        seed = int(seed)  # what torch's would refuse, refused here too
+        if identity.me.world is not None and not module.is_available():
+            return
+        original(seed)
+
+    return manual_seed_all
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -360,15 +429,43 @@ def _as_in_a_child_process() -> Iterator[None]:
     """What a spawned process changes dies with it: the environment and c10d's
     debug level (``with_dist_debug_levels`` leaves its last level set, and a
     later test in DETAIL mode expects a monitored barrier before each call)."""
-    environ = dict(os.environ)
+    environ = _environ_snapshot()
     level = dist.get_debug_level()
     try:
         yield
     finally:
-        for name in [n for n in os.environ if n not in environ]:
-            del os.environ[name]
-        os.environ.update(environ)
+        _restore_environ(environ)
         dist.set_debug_level(level)
+
+
+def _encoded_environ() -> dict[Any, Any] | None:
+    # os.environ keeps its entries encoded in ``_data``: copying and comparing
+    # that dict decodes nothing (decoding every entry twice cost more per test
+    # than the rest of the adapter together).
+    data = getattr(os.environ, "_data", None)
+    return data if isinstance(data, dict) else None
+
+
+def _environ_snapshot() -> dict[Any, Any]:
+    data = _encoded_environ()
+    return dict(data) if data is not None else dict(os.environ)
+
+
+def _restore_environ(saved: dict[Any, Any]) -> None:
+    """Put ``os.environ`` (and the process's environment) back as ``saved``,
+    touching only the entries that changed."""
+    data = _encoded_environ()
+    now: dict[Any, Any] = data if data is not None else dict(os.environ)
+    if now == saved:
+        return
+    environ: Any = os.environ
+    key_of = environ.decodekey if data is not None else str
+    value_of = environ.decodevalue if data is not None else str
+    for key in [k for k in now if k not in saved]:
+        del os.environ[key_of(key)]
+    for key, value in saved.items():
+        if now.get(key) != value:
+            os.environ[key_of(key)] = value_of(value)
 
 
 def _forget_default_group() -> None:

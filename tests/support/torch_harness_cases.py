@@ -5,6 +5,7 @@ without the adapter; they are not collected themselves."""
 
 from __future__ import annotations
 
+import os
 import unittest
 
 import torch
@@ -55,6 +56,17 @@ class ProcessCases(MultiProcessTestCase):
         self._init()
         if self.rank != 2:
             dist.all_reduce(torch.ones(2))
+
+    def test_seeded_by_the_harness(self) -> None:
+        # run_test seeds each process with common_utils.SEED before the test.
+        seed = harness.common.common_utils.SEED
+        self.assertEqual(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(seed)))
+
+    def test_changes_its_environment(self) -> None:
+        os.environ["SIMDIST_CASE_ADDED"] = str(self.rank)
+        os.environ["SIMDIST_CASE_CHANGED"] = f"rank {self.rank}"
+        os.environ.pop("SIMDIST_CASE_REMOVED", None)
+        self.assertEqual(os.environ["SIMDIST_CASE_ADDED"], str(self.rank))
 
     def test_destroys_and_reinitialises(self) -> None:
         self._init()
