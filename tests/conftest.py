@@ -6,6 +6,7 @@ pyproject's ``pythonpath`` setting, so no test patches ``sys.path``.
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -15,6 +16,19 @@ import torch.distributed as dist
 
 import simdist
 from simdist.debug import _options as debug_options
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A test run started in the background without job control (`cmd &` in a
+    # script, nohup) inherits SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler, for itself or for the interpreters it starts.
+    # The Ctrl-C tests need what an interactive run has.
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # Nothing here imports tests/support: `simdist replay` and campaign workers import
 # this file outside pytest's configuration, where that folder is not on the path.
