@@ -63,7 +63,9 @@ def test_the_target_is_imported_once_for_all_workers_which_run_every_round(tmp_p
     assert sorted(data["ready_after_s"]) == ["0", "1", "2"]
     assert all(data["cases_by_worker"][k] > 0 for k in ("0", "1", "2")), data["cases_by_worker"]
     rounds = sum(data["rounds"].values()) if isinstance(data["rounds"], dict) else data["rounds"]
-    assert rounds > 3, data["rounds"]  # several rounds a worker, each in the process it started in
+    # Several rounds a worker (the target's two properties get one each
+    # however short the budget), each in the process it started in.
+    assert rounds >= 6, data["rounds"]
     pids = set()
     for path in data_run_dir(data).glob("worker-*.jsonl"):
         starts = [json.loads(line) for line in path.read_text().splitlines() if '"e": "start"' in line]
