@@ -12,6 +12,7 @@ from __future__ import annotations
 import cProfile
 import gc
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist._core import slots
-from simdist._isolation import hold
+from simdist._isolation import hold, rank_state
 
 K = 4
 
@@ -145,3 +146,57 @@ def test_a_switch_wakes_exactly_the_next_holder(monkeypatch: pytest.MonkeyPatch)
             _wakeups_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(counts,), share_args=True
         )
         assert sum(r for r in results if r is not None) / K == 1.0, world
+
+
+# This revision's counts (benchmarks/engine_calls.py prints them, with the
+# revision before): a change that makes them half as large again fails here,
+# which is well short of the doubling this pin is meant to catch.
+PAIR_CALLS_WORLD_8 = 257  # both members of one 2-rank all_reduce
+WORLD_CALLS_PER_RANK_8 = 148.125  # one rank's share of an all_reduce on 8 ranks
+MARGIN = 1.5
+
+
+def test_a_collective_costs_at_most_half_again_its_pinned_count() -> None:
+    assert pair_calls(8, "returned") <= MARGIN * PAIR_CALLS_WORLD_8
+    assert world_calls_per_rank(8) <= MARGIN * WORLD_CALLS_PER_RANK_8
+
+
+def _swap_body(ctx: Any, draw: bool) -> None:
+    t = torch.ones(8)
+    for _ in range(2 * K):
+        if draw:
+            torch.rand(1)
+        dist.all_reduce(t)
+
+
+def _generator_access(monkeypatch: pytest.MonkeyPatch, draw: bool) -> Counter[str]:
+    """Reads and writes of torch's CPU generator at switches, over a 2-rank run
+    of ``2K`` all_reduces (each rank drawing before each call, or never)."""
+    counts: Counter[str] = Counter()
+    original = rank_state._builtin_slots
+
+    def counted_slots() -> list[Any]:
+        slots = original()
+        for slot in slots:
+            if slot.name == "torch default generator":
+                get, set_ = slot.get, slot.set
+                slot.get = lambda get=get: (counts.update(["read"]), get())[1]
+                slot.set = lambda value, set_=set_: (counts.update(["write"]), set_(value))[1]
+        return slots
+
+    monkeypatch.setattr(rank_state, "_builtin_slots", counted_slots)
+    simdist.run(_swap_body, world_size=2, args=(draw,), timeout=300)
+    return counts
+
+
+def test_a_switch_reads_and_writes_the_cpu_generator_only_when_a_rank_drew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lazy swap: ranks that never draw share the caller's state, so no
+    switch touches the generator beyond its in-place fingerprint (the one
+    read is the caller's state, at run start, and the run's end finds
+    nothing to put back); ranks that draw are read at every switch and
+    written, each having its own state."""
+    assert _generator_access(monkeypatch, draw=False) == Counter(read=1)
+    drawn = _generator_access(monkeypatch, draw=True)
+    assert drawn["read"] >= 2 * K and drawn["write"] >= 2 * K, drawn
