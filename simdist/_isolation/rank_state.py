@@ -38,10 +38,10 @@ def _aborted() -> Any:
     return None if world is None else world.scheduler.aborted
 
 
-def release_process() -> None:
-    """The calling thread gives up its hold of the process, if it has one
-    (its rank blocked in simdist, or left)."""
-    hold.release()
+# The calling thread gives up its hold of the process, if it has one (its
+# rank blocked in simdist, or left): called at every switch, so the hold's
+# own function, without a frame around it.
+release_process = hold.release
 
 
 def suspend_process() -> tuple[RankStates, int] | None:

@@ -338,4 +338,12 @@ def module_slot(module: types.ModuleType) -> _Slot:
             for owner, attr, in_place in places
         )
 
+    if len(places) == 1 and places[0][2] and not isinstance(places[0][0], type):
+        # The common slot (torch.distributed's breakpoint counter): read at
+        # every switch, so without the general loop.
+        owner, attr, _ = places[0]
+
+        def fingerprint() -> Any:
+            return (tuple(getattr(owner, attr).items()),)
+
     return _Slot(slot_name(module.__name__), get, set_, copy_, fingerprint)
