@@ -109,12 +109,12 @@ def _torch_cpu_layout() -> tuple[int, int] | None:
     generator of its own, never the default one: the engine by its words
     after a seed and some draws, the double sample by a state that has one
     (set through ``set_state``) and one that has none."""
-    probe = torch.Generator()
+    probe = torch.Generator("cpu")
     impl = _generator_impl(probe)
     if impl is None:
         return None
     probe.manual_seed(_PROBE_SEED)
-    torch.rand(7, generator=probe)  # left and next away from their seeded values
+    torch.rand(7, generator=probe, device="cpu")  # left and next away from their seeded values
     state = bytes(probe.get_state().numpy())
     head, words = _legacy_fields(state)
     raw = ctypes.string_at(impl, _SEARCH_BYTES)
@@ -137,7 +137,7 @@ def _torch_cpu_layout() -> tuple[int, int] | None:
     if found < 0 or tail[found + 8] != 1:
         return None
     engaged = tail_at + found + 8
-    torch.randn(1, generator=probe, dtype=torch.float64)  # spends the cached sample
+    torch.randn(1, generator=probe, dtype=torch.float64, device="cpu")  # spends the cached sample
     if struct.unpack_from("<i", bytes(probe.get_state().numpy()), _LEGACY_NORMAL_VALID)[0] != 0:
         return None
     if ctypes.string_at(impl + engaged, 1) != b"\x00":
