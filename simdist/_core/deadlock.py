@@ -69,6 +69,16 @@ class Detector:
         """
         if self._aborts.error is not None:
             return False
+        if trigger is not None:
+            # The common case, O(1): every main thread that does not run waits
+            # in this very collective, so each member that has not joined runs.
+            slots = self._slots
+            waitable = slots.ranks[trigger].waiting_on
+            if (
+                isinstance(waitable, PendingCollective)
+                and slots.world_size - slots.running == waitable.waiters
+            ):
+                return False
         found = self._candidates_locked(trigger, defer, left)
         if found is None or isinstance(found, bool):
             return bool(found)
@@ -145,14 +155,7 @@ class Detector:
         if trigger is not None:
             waitable = ranks[trigger].waiting_on
             assert waitable is not None  # the trigger has just started to wait
-            # The common case, O(1): every main thread that does not run waits
-            # in this very collective, so each member that has not joined runs.
-            if (
-                isinstance(waitable, PendingCollective)
-                and slots.world_size - slots.running == waitable.waiters
-            ):
-                return None
-            # Else O(group size): every rank it needs runs (or a helper of it does).
+            # (The O(1) common case is settle_locked's.) Else O(group size): every rank it needs runs (or a helper of it does).
             needed = waitable.needed_ranks()
             if all(ranks[p].state is RankState.RUNNING or slots.progressing(p) for p in needed):
                 return None

@@ -21,6 +21,14 @@ from .slots import RankSlot, Slots
 from .state import Aborts
 
 
+def _nothing() -> None:
+    pass
+
+
+def _nothing_for(rank: int) -> None:
+    pass
+
+
 class Turns:
     """The interface, and the parts both modes share."""
 
@@ -31,6 +39,11 @@ class Turns:
 
     def __init__(self, slots: Slots) -> None:
         self._slots = slots
+        # After a rank gave up the token, and when it runs again (both
+        # outside the lock). Attributes, not methods: the run token puts its
+        # callbacks here, called at every switch without a frame around each.
+        self.yielded: Callable[[], None] = _nothing
+        self.resumed: Callable[[int], None] = _nothing_for
 
     # -- the shared part ------------------------------------------------------
 
@@ -85,12 +98,6 @@ class Turns:
         gave up the run token (the caller then calls ``yielded``)."""
         raise NotImplementedError
 
-    def yielded(self) -> None:
-        """After giving up the token, outside the lock."""
-
-    def resumed(self, rank: int) -> None:
-        """A rank that gave up the token runs again (outside the lock)."""
-
     def left_locked(self, rank: int) -> None:
         raise NotImplementedError
 
@@ -126,7 +133,8 @@ class RunToken(Turns):
         self._policy = policy
         self._poll_s = poll_s
         self._on_resume = on_resume
-        self._on_yield = on_yield  # after giving up the token (see rank_state)
+        self.yielded = on_yield  # gives up the process hold (see rank_state)
+        self.resumed = on_resume
         # Late-bound (the detector needs this object first): scheduled, a
         # rank that waits while no rank can run is stuck, whatever it waits for.
         self.nothing_runnable_locked: Callable[[], None] = lambda: None
@@ -163,19 +171,14 @@ class RunToken(Turns):
         }
 
     def parked_locked(self, rank: int, slot: RankSlot) -> bool:
-        if slot.interrupt is None:
+        # (While a rank runs, the liveness check has nothing to find.)
+        if slot.interrupt is None and self._slots.running == 0:
             self.nothing_runnable_locked()
         if slot.interrupt is not None:
             return False  # this rank can never complete: it raises on its next pass
         slot.yielded = True
         self._hand_locked()
         return True
-
-    def yielded(self) -> None:
-        self._on_yield()
-
-    def resumed(self, rank: int) -> None:
-        self._on_resume(rank)
 
     def left_locked(self, rank: int) -> None:
         if self._aborts.error is None:

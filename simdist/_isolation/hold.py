@@ -72,7 +72,12 @@ def take(states: Any, aborted: Callable[[], Any] = lambda: None) -> bool:
                 held = _holder
                 if held is None or held.thread == ident:
                     if held is None or held.states is not states:
-                        _holder = held = Hold(states, ident)
+                        # The thread's last hold, when it was for this run
+                        # (a rank taking the process back at every switch).
+                        mine: Hold | None = me.hold
+                        if mine is None or mine.states is not states or mine.thread != ident:
+                            mine = Hold(states, ident)
+                        _holder = held = mine
                     me.hold = held
                     return True
                 if not counted:
@@ -97,7 +102,8 @@ def release() -> None:
     """This thread gives up its hold, if it has one (its rank blocked in
     simdist, or left)."""
     global _holder
-    me.hold = None
+    # ``me.hold`` is kept for the next take: it vouches for nothing once it
+    # is no longer ``_holder`` (``holds`` and ``held_states`` check both).
     with _meta:
         held = _holder
         if held is None or held.thread != threading.get_ident():

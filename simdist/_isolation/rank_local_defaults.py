@@ -167,11 +167,13 @@ def _watch_imports() -> Any:
 _NOT_YET = object()  # a rank's value for a module that did not exist at run start
 
 
-def _late_module_slot(name: str, release: Any) -> _Slot:
+def _late_module_slot(name: str, release: Any, bound: list[bool] | None = None) -> _Slot:
     """A module a rank may import during the run. Until then there is nothing
     to swap; afterwards each rank whose value is still ``_NOT_YET`` gets a copy
     of the fresh state, as its own first import would have given it. Once it
-    exists it is always read (no fingerprint): only in runs that imported it."""
+    exists it is always read (no fingerprint): only in runs that imported it.
+    ``bound`` (shared by ``_late_modules_slot``'s parts) records that some
+    part has found its module."""
     inner: list[_Slot] = []
 
     def module_slot() -> _Slot | None:
@@ -182,6 +184,8 @@ def _late_module_slot(name: str, release: Any) -> _Slot:
             make = _watched(name)
             assert make is not None
             inner.append(make(module))
+            if bound is not None:
+                bound[0] = True
         return inner[0]
 
     def fingerprint() -> Any:
@@ -202,6 +206,40 @@ def _late_module_slot(name: str, release: Any) -> _Slot:
     else:
         slot_name = _DTENSOR_NAMES.get(name) or torch_caches.slot_name(name)
     return _Slot(slot_name, get, set_, lambda v: v, fingerprint, close=release)
+
+
+def _late_modules_slot(parts: list[_Slot], names: frozenset[str], bound: list[bool], release: Any) -> _Slot:
+    """The late modules of a run as one slot: while none of them exists, one
+    look at ``sys.modules`` vouches for them all at a switch (instead of a
+    fingerprint call each); once one does, every part is read and written as
+    its own slot would be. A part's value stays ``_NOT_YET`` until its module
+    exists, and its copy is the value itself, so ranks share one tuple
+    until then."""
+
+    def get() -> tuple[Any, ...]:
+        return tuple(part.get() for part in parts)
+
+    def set_(values: tuple[Any, ...]) -> None:
+        for part, value in zip(parts, values):
+            part.set(value)
+
+    def copy_(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        copied = tuple(part.copy(v) for part, v in zip(parts, values))
+        return values if all(c is v for c, v in zip(copied, values)) else copied
+
+    def fingerprint() -> Any:
+        # Importing a module puts it in sys.modules; a part that has found its
+        # module must be read even if the module left sys.modules since.
+        return _NOT_YET if not bound[0] and names.isdisjoint(sys.modules) else None
+
+    return _Slot(
+        "modules a rank may import: " + ", ".join(part.name for part in parts),
+        get,
+        set_,
+        copy_,
+        fingerprint,
+        close=release,
+    )
 
 
 _DTENSOR_NAMES = {
@@ -256,7 +294,15 @@ def default_slots(taken: set[str]) -> list[_Slot]:
             slots.append(_module_slot(module))
         elif _importable(name):
             late.append(name)
+    slots = [s for s in slots if s.name not in taken]
     if late:
         release = _watch_imports()
-        slots.extend(_late_module_slot(name, release) for name in late)
-    return [s for s in slots if s.name not in taken]
+        bound = [False]
+        parts = [_late_module_slot(name, release, bound) for name in late]
+        kept = [(name, part) for name, part in zip(late, parts) if part.name not in taken]
+        if kept:
+            names = frozenset(name for name, _ in kept)
+            slots.append(_late_modules_slot([part for _, part in kept], names, bound, release))
+        else:
+            release()  # nothing left to watch for
+    return slots

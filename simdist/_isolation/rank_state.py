@@ -38,10 +38,10 @@ def _aborted() -> Any:
     return None if world is None else world.scheduler.aborted
 
 
-def release_process() -> None:
-    """The calling thread gives up its hold of the process, if it has one
-    (its rank blocked in simdist, or left)."""
-    hold.release()
+# The calling thread gives up its hold of the process, if it has one (its
+# rank blocked in simdist, or left): called at every switch, so the hold's
+# own function, without a frame around it.
+release_process = hold.release
 
 
 def suspend_process() -> tuple[RankStates, int] | None:
@@ -125,8 +125,10 @@ class RankStates:
         """Make the process state ``rank``'s (called by ``rank`` on taking the
         token): take the process-wide lock, then swap."""
         global _owner
+        # (A thread holding the process for another run keeps it, now for
+        # this one: take() moves it, as giving it up first and taking it
+        # back at once would, without waking the waiters for nothing.)
         if not hold.holds(self):
-            hold.release()
             if not hold.take(self, aborted):
                 return  # the run is being taken down; the rank only unwinds
         with self._lock:

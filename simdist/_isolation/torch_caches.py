@@ -315,8 +315,19 @@ def module_slot(module: types.ModuleType) -> _Slot:
             elif current is not value:
                 setattr(owner, attr, value)
 
+    # A rank's own value of a cache swapped in place is a snapshot of its
+    # contents, which nothing mutates (``set_`` copies out of it): every
+    # rank can start from one empty snapshot. When every cache of the
+    # module is swapped in place, ranks that never touch them then share one
+    # value, and a switch between them writes nothing.
+    empty: dict[Any, Any] = {}
+    all_in_place = bool(places) and all(in_place for _, _, in_place in places)
+    shared_fresh = tuple(empty for _ in places)
+
     def copy_(values: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(fresh_cache(v) for v in values)
+        if all_in_place:
+            return shared_fresh
+        return tuple(empty if in_place else fresh_cache(v) for (_, _, in_place), v in zip(places, values))
 
     def fingerprint() -> Any:
         # Rebinding is the only change that needs a new read: a rank's cache
@@ -326,5 +337,13 @@ def module_slot(module: types.ModuleType) -> _Slot:
             tuple(_read(owner, attr).items()) if in_place else id(_read(owner, attr))
             for owner, attr, in_place in places
         )
+
+    if len(places) == 1 and places[0][2] and not isinstance(places[0][0], type):
+        # The common slot (torch.distributed's breakpoint counter): read at
+        # every switch, so without the general loop.
+        owner, attr, _ = places[0]
+
+        def fingerprint() -> Any:
+            return (tuple(getattr(owner, attr).items()),)
 
     return _Slot(slot_name(module.__name__), get, set_, copy_, fingerprint)

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import cProfile
 import gc
+import json
+import subprocess
+import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +26,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist._core import slots
-from simdist._isolation import hold
+from simdist._isolation import hold, rank_state
 
 K = 4
 
@@ -145,3 +150,77 @@ def test_a_switch_wakes_exactly_the_next_holder(monkeypatch: pytest.MonkeyPatch)
             _wakeups_body, layout=simdist.Layout(tp=2, dp=world // 2), args=(counts,), share_args=True
         )
         assert sum(r for r in results if r is not None) / K == 1.0, world
+
+
+# This revision's counts (benchmarks/engine_calls.py prints them, with the
+# revision before): a change that makes them half as large again fails here,
+# which is well short of the doubling this pin is meant to catch.
+PAIR_CALLS_WORLD_8 = 241  # both members of one 2-rank all_reduce
+WORLD_CALLS_PER_RANK_8 = 134.125  # one rank's share of an all_reduce on 8 ranks
+MARGIN = 1.5
+
+
+_FRESH_COUNTS = """
+import gc, json, sys
+sys.path.insert(0, sys.argv[1])
+import test_engine_counts as t
+gc.collect()
+gc.disable()
+print(json.dumps([t.pair_calls(8, "returned"), t.world_calls_per_rank(8)]))
+"""
+
+
+def test_a_collective_costs_at_most_half_again_its_pinned_count() -> None:
+    """Counted in a fresh interpreter: what earlier tests imported (DTensor,
+    Megatron) adds state slots, and so calls, to every switch."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_COUNTS, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pair, world = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert pair <= MARGIN * PAIR_CALLS_WORLD_8, pair
+    assert world <= MARGIN * WORLD_CALLS_PER_RANK_8, world
+
+
+def _swap_body(ctx: Any, draw: bool) -> None:
+    t = torch.ones(8)
+    for _ in range(2 * K):
+        if draw:
+            torch.rand(1)
+        dist.all_reduce(t)
+
+
+def _generator_access(monkeypatch: pytest.MonkeyPatch, draw: bool) -> Counter[str]:
+    """Reads and writes of torch's CPU generator at switches, over a 2-rank run
+    of ``2K`` all_reduces (each rank drawing before each call, or never)."""
+    counts: Counter[str] = Counter()
+    original = rank_state._builtin_slots
+
+    def counted_slots() -> list[Any]:
+        slots = original()
+        for slot in slots:
+            if slot.name == "torch default generator":
+                get, set_ = slot.get, slot.set
+                slot.get = lambda get=get: (counts.update(["read"]), get())[1]
+                slot.set = lambda value, set_=set_: (counts.update(["write"]), set_(value))[1]
+        return slots
+
+    monkeypatch.setattr(rank_state, "_builtin_slots", counted_slots)
+    simdist.run(_swap_body, world_size=2, args=(draw,), timeout=300)
+    return counts
+
+
+def test_a_switch_reads_and_writes_the_cpu_generator_only_when_a_rank_drew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lazy swap: ranks that never draw share the caller's state, so no
+    switch touches the generator beyond its in-place fingerprint (the one
+    read is the caller's state, at run start, and the run's end finds
+    nothing to put back); ranks that draw are read at every switch and
+    written, each having its own state."""
+    assert _generator_access(monkeypatch, draw=False) == Counter(read=1)
+    drawn = _generator_access(monkeypatch, draw=True)
+    assert drawn["read"] >= 2 * K and drawn["write"] >= 2 * K, drawn
