@@ -7,7 +7,9 @@ results = simdist.run(body, layout=simdist.Layout(tp=2, dp=2, pp=2))
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
+import types
 from typing import TYPE_CHECKING
 
 from . import _version
@@ -122,6 +124,9 @@ _SOURCES = {
     "ToleranceError": ".tolerance",
     "check_close": ".tolerance",
 }
+_MODULES = ("debug", "tolerance")  # public names that are submodules themselves
+# A public name that is also its module's name: the package exports the module's function.
+_SHADOWED = tuple(name for name, source in _SOURCES.items() if source == f".{name}" and name not in _MODULES)
 _loading = threading.local()
 _loaded = False
 
@@ -136,7 +141,7 @@ def _load() -> None:
     try:
         for name, source in _SOURCES.items():
             module = importlib.import_module(source, __name__)
-            globals()[name] = module if source == f".{name}" else getattr(module, name)
+            globals()[name] = module if name in _MODULES else getattr(module, name)
         _loaded = True
     finally:
         _loading.active = False
@@ -154,3 +159,17 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: object) -> None:
+        # The import system binds a submodule on its package once it is imported
+        # (`import simdist.explore` before any public name was used): where the package
+        # exports that module's function of the same name, the function stays bound, as
+        # with an eager `from .explore import explore`.
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

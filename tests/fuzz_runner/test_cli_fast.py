@@ -96,3 +96,20 @@ def test_every_public_name_resolves_and_is_listed() -> None:
     namespace: dict[str, object] = {}
     exec("from simdist import *", namespace)
     assert set(simdist.__all__) <= set(namespace)
+
+
+def test_public_names_are_what_an_eager_import_bound() -> None:
+    # `from .explore import explore` bound the function over the submodule of the same name;
+    # lazily too, also where the submodule is imported first (the import system then binds
+    # the module on the package).
+    code = """
+import types
+import simdist.explore
+import simdist
+assert isinstance(simdist.explore, types.FunctionType), simdist.explore
+modules = sorted(n for n in simdist.__all__ if isinstance(getattr(simdist, n), types.ModuleType))
+assert modules == ["debug", "tolerance"], modules
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-3000:]
