@@ -6,15 +6,22 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+# Only what --version and --help need is imported here: they answer without importing torch
+# (tests/fuzz_runner/test_cli_fast.py); each command imports what it runs.
 from ._version import DISTRIBUTION, version
-from .layout import Layout
+
+if TYPE_CHECKING:
+    from .layout import Layout
 
 __all__ = ["DISTRIBUTION", "main", "version"]
 
 
 def _layout(text: str) -> Layout:
     """'tp=2,dp=2,pp=2' -> Layout."""
+    from .layout import Layout
+
     sizes: dict[str, int] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")

@@ -522,10 +522,17 @@ def test_replay_break_at_stops_one_call_before_the_failure(tmp_path):
     assert "(Pdb rank 1 of 2) 2\n" in out
 
 
-def test_replay_refuses_a_bad_break_at(tmp_path):
-    proc = replay(tmp_path, "", "--break-at", "rank=1,opp=x")
-    assert proc.returncode == 2
-    assert "unknown key(s) opp" in proc.stderr
+def test_replay_refuses_a_bad_break_at(tmp_path, capsys, monkeypatch):
+    # Refused while the command line is parsed, before any case runs: checked in this
+    # process (a process of its own would only import torch again).
+    from simdist.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() puts the current directory on it
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(_case(tmp_path)), "--break-at", "rank=1,opp=x"])
+    assert exited.value.code == 2
+    assert "unknown key(s) opp" in capsys.readouterr().err
 
 
 def test_defaults_refuses_a_typo_and_scopes_its_settings():

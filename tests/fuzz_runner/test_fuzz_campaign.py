@@ -23,6 +23,24 @@ BUGGY = f"{TOY}::test_buggy_sum_matches_builtin"
 CLEAN = f"{TOY}::test_sorted_is_ordered"
 
 
+def cli_in_process(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str
+) -> tuple[int, str, str]:
+    """``simdist ARGS`` run in this process from the checkout's root: (exit code, stdout,
+    stderr). For commands that stop before any campaign starts (usage errors, unusable
+    files), where a process of their own would only import torch again."""
+    from simdist.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() puts the current directory on it
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def simdist_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 240.0
 ) -> subprocess.CompletedProcess:
@@ -143,10 +161,10 @@ def test_workers_share_the_example_database_so_a_known_failure_replays_first(tmp
         (["--budget", "1", "--report", "no/such/dir/r.json", CLEAN], "does not exist"),
     ],
 )
-def test_usage_errors_exit_2_with_a_clear_message(args, message):
-    proc = simdist_cli("fuzz", "--no-corpus", *args)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert message in proc.stderr
+def test_usage_errors_exit_2_with_a_clear_message(capsys, monkeypatch, args, message):
+    code, out, err = cli_in_process(capsys, monkeypatch, "fuzz", "--no-corpus", *args)
+    assert code == 2, out + err
+    assert message in err
 
 
 @pytest.mark.parametrize(
@@ -270,14 +288,14 @@ def test_without_the_test_extras_the_commands_say_what_to_install():
         assert "needs Hypothesis and pytest" in proc.stderr and "'.[test]'" in proc.stderr
 
 
-def test_replay_rejects_unusable_files(tmp_path):
+def test_replay_rejects_unusable_files(capsys, monkeypatch, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    proc = simdist_cli("replay", str(bad))
-    assert proc.returncode == 2 and "not a readable JSON case file" in proc.stdout
+    code, out, _ = cli_in_process(capsys, monkeypatch, "replay", str(bad))
+    assert code == 2 and "not a readable JSON case file" in out
     other = tmp_path / "other.json"
     other.write_text(
         json.dumps({"format": "simdist-fuzz-case/1", "target": "tests/nowhere.py::test_x", "case": {}})
     )
-    proc = simdist_cli("replay", str(other))
-    assert proc.returncode == 2 and "not found" in proc.stdout
+    code, out, _ = cli_in_process(capsys, monkeypatch, "replay", str(other))
+    assert code == 2 and "not found" in out

@@ -185,7 +185,8 @@ def test_a_case_still_running_past_budget_and_grace_is_a_hang_never_clean(tmp_pa
 # -- 5: output paths ---------------------------------------------------------------------------
 
 
-def test_unusable_output_paths_are_refused_before_the_campaign(tmp_path):
+def test_unusable_output_paths_are_refused_before_the_campaign(tmp_path, capsys, monkeypatch):
+    from simdist.cli import main
     from simdist.fuzz._campaign import CampaignConfig, UsageError, _validate
 
     a_file, a_dir = tmp_path / "file.txt", tmp_path / "dir"
@@ -200,11 +201,15 @@ def test_unusable_output_paths_are_refused_before_the_campaign(tmp_path):
         with pytest.raises(UsageError, match=option) as info:
             _validate(CampaignConfig(targets=[toy], **{field: bad}))
         assert bad.name in str(info.value)
-    # From the command line: exit 2 before any worker starts.
-    proc = run_cli("fuzz", "--budget", "30", "--corpus", str(a_file), toy, cwd=ROOT)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--corpus" in proc.stderr and "is not a directory" in proc.stderr
-    assert "starting" not in proc.stderr, "refused before any worker started"
+    # From the command line: exit 2 before any worker starts (so checked in this process:
+    # a process of its own would only import torch again).
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() puts the current directory on it
+    code = main(["fuzz", "--budget", "30", "--corpus", str(a_file), toy])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "--corpus" in err and "is not a directory" in err
+    assert "starting" not in err, "refused before any worker started"
 
 
 def test_an_output_error_after_the_campaign_never_hides_a_failure(tmp_path):
