@@ -229,8 +229,10 @@ def _late_modules_slot(parts: list[_Slot], names: frozenset[str], bound: list[bo
 
     def fingerprint() -> Any:
         # Importing a module puts it in sys.modules; a part that has found its
-        # module must be read even if the module left sys.modules since.
-        return _NOT_YET if not bound[0] and names.isdisjoint(sys.modules) else None
+        # module must be read even if the module left sys.modules since. The
+        # keys view's isdisjoint walks the smaller side (the few names); a
+        # set's walks the dict it is given (every module: ~30 us a switch).
+        return _NOT_YET if not bound[0] and sys.modules.keys().isdisjoint(names) else None
 
     return _Slot(
         "modules a rank may import: " + ", ".join(part.name for part in parts),
