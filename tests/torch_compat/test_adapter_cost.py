@@ -11,7 +11,7 @@ import os
 import threading
 import traceback
 import unittest
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,15 +23,6 @@ import simdist
 from simdist import torch_compat
 
 DEVICE_MODULES = (torch.cuda, torch.xpu, torch.mtia)
-
-
-@pytest.fixture
-def compat() -> Iterator[None]:
-    was = torch_compat.installed()
-    torch_compat.install()
-    yield
-    if not was:
-        torch_compat.uninstall()
 
 
 def run_case(case: type[unittest.TestCase], name: str) -> unittest.TestResult:

@@ -17,15 +17,6 @@ from simdist._backend import timeouts
 
 
 @pytest.fixture
-def compat() -> Iterator[None]:
-    was = torch_compat.installed()
-    torch_compat.install()
-    yield
-    if not was:
-        torch_compat.uninstall()
-
-
-@pytest.fixture
 def native() -> Iterator[None]:
     """torch's own launchers, whatever an earlier test of this process installed."""
     was = torch_compat.installed()
