@@ -60,7 +60,7 @@ def _python_random_fingerprint() -> Callable[[], Any] | None:
 def _numpy_fingerprint() -> Callable[[], Any] | None:
     """numpy's legacy generator words (get/set_state cost ~35 us each). A
     cached Gaussian is spent without touching them, so the fingerprint only
-    vouches for a state without one (see ``_NUMPY_GAUSS``)."""
+    vouches for a state without one (see ``_numpy_has_gauss``)."""
     try:
         address = _np.random.mtrand._rand._bit_generator.ctypes.state_address
     except Exception:
