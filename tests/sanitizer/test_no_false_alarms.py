@@ -4,7 +4,8 @@ Each test runs an existing client body (tests/clients) with ``check_async=True``
 said explicitly and checks its result against the same reference the client
 test uses; ``checked`` proves ops were checked against calls in flight (DDP
 excepted: simdist's ``Work.get_future()`` waits at once, so its comm hooks
-leave nothing in flight).
+leave nothing in flight). The last test is the sanitizer's own: correct code
+whose ranks' helper threads first use the sanitizer all at once.
 """
 
 from __future__ import annotations
