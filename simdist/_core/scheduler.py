@@ -175,7 +175,9 @@ class Scheduler:
     # -- rank lifecycle ---------------------------------------------------------
 
     def bind_thread(self, rank: int) -> None:
-        self._slots.ranks[rank].thread_id = threading.get_ident()
+        slot = self._slots.ranks[rank]
+        slot.thread_id = threading.get_ident()
+        slot.native_id = threading.get_native_id()
 
     def rank_finished(self, rank: int) -> None:
         with self._lock:

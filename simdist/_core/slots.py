@@ -64,6 +64,7 @@ class RankSlot:
     state: RankState = RankState.RUNNING
     waiting_on: Waitable | None = None
     thread_id: int | None = None
+    native_id: int | None = None  # the OS's id of the thread (affinity pins it)
     parker: Parker = field(default_factory=Parker)
     # An error for this rank alone (a deadlock it is part of, a failed peer it
     # waits on), raised by its current or next wait.

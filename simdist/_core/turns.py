@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..policy import Policy
+from .affinity import Handoffs
 from .records import RankState, Waitable, copy_error
 from .slots import RankSlot, Slots
 from .state import Aborts
@@ -132,9 +133,20 @@ class RunToken(Turns):
         self._lock = lock
         self._policy = policy
         self._poll_s = poll_s
-        self._on_resume = on_resume
         self.yielded = on_yield  # gives up the process hold (see rank_state)
-        self.resumed = on_resume
+        # The next holder is pinned to the hander's CPU before it is woken
+        # (see affinity); once it runs, it takes its own CPU mask back.
+        self.handoffs = handoffs = Handoffs()
+        self._on_resume: Callable[[int], None] = on_resume
+        if handoffs.enabled:
+            restore = handoffs.restore
+
+            def resumed(rank: int) -> None:
+                restore()
+                on_resume(rank)
+
+            self._on_resume = resumed
+        self.resumed = self._on_resume
         # Late-bound (the detector needs this object first): scheduled, a
         # rank that waits while no rank can run is stuck, whatever it waits for.
         self.nothing_runnable_locked: Callable[[], None] = lambda: None
@@ -151,7 +163,9 @@ class RunToken(Turns):
         with self._lock:
             if self._first is not None and self._holder is None and self._aborts.error is None:
                 self._holder, self._first = self._first, None
-                self._slots.ranks[self._holder].parker.unpark()
+                slot = self._slots.ranks[self._holder]
+                self.handoffs.pin(slot.native_id)
+                slot.parker.unpark()
 
     def acquire(self, rank: int) -> None:
         slot = self._slots.ranks[rank]
@@ -185,6 +199,7 @@ class RunToken(Turns):
             self.nothing_runnable_locked()
             if self._holder == rank:
                 self._hand_locked()
+        self.handoffs.restore()  # a thread the pool reuses keeps no pin
 
     def helper_blocked_locked(self) -> None:
         self.nothing_runnable_locked()
@@ -207,7 +222,9 @@ class RunToken(Turns):
         self._holder = self._policy.pick(lambda r: ranks[r].state is RankState.RUNNING)
         if self._holder is not None:
             self.switches += 1
-            ranks[self._holder].parker.unpark()
+            slot = ranks[self._holder]
+            self.handoffs.pin(slot.native_id)
+            slot.parker.unpark()
 
 
 class Baton(Turns):

@@ -1,0 +1,107 @@
+"""Handing the run token on without moving the world between CPUs.
+
+Scheduled, one rank runs at a time, and a switch wakes the next holder while
+the current one goes to sleep. Left alone, the OS puts the woken thread on an
+idle CPU, so every switch moves the interpreter's working set (the world's
+records, the tensors, the objects every rank touches) from one CPU's caches
+to another's. On a quiet 2-CPU machine that made a switch about twice as
+expensive as the same switch on one CPU, and a small all_reduce 1.5-2x
+slower than on the same threads kept together (``benchmarks/scale.py``).
+
+So the rank handing the token on first pins the next holder, which is asleep,
+to the CPU the handing rank runs on; it starts there as soon as the hander
+sleeps, with warm caches. Once it runs, it puts back the CPU mask it had
+before the pin, so a rank's own compute (torch's intra-op threads it starts,
+a mask the rank set itself) is never held to one CPU. That costs three
+system calls a switch (about 4 us) against the tens of microseconds a move
+between CPUs costs.
+
+Only where this can be done (Linux, with ``sched_getcpu``) and is worth it
+(the process may use more than one CPU); ``SIMDIST_HANDOFF_AFFINITY=0`` turns
+it off. A failed pin or restore turns it off for the run: where a thread runs
+never changes what it computes, or in which order ranks run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+
+__all__ = ["ENABLED", "Handoffs"]
+
+
+def _find_getcpu() -> Callable[[], int] | None:
+    if not hasattr(os, "sched_setaffinity") or not hasattr(os, "sched_getaffinity"):
+        return None
+    try:
+        getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    getcpu.restype = ctypes.c_int
+    getcpu.argtypes = []
+    try:
+        cpu = getcpu()
+    except Exception:
+        return None
+    return getcpu if cpu >= 0 else None
+
+
+_GETCPU = _find_getcpu()
+
+# Read by every new run (a test may switch it off for one run).
+ENABLED = _GETCPU is not None and os.environ.get("SIMDIST_HANDOFF_AFFINITY", "1").strip() != "0"
+
+
+class Handoffs:
+    """The pins of one run: which sleeping rank threads were pinned, and the
+    mask each had before."""
+
+    __slots__ = ("_getcpu", "_one", "_own", "enabled", "pins")
+
+    def __init__(self) -> None:
+        self._own: dict[int, set[int]] = {}  # native thread id -> its mask before the pin
+        self.pins = 0
+        getcpu = _GETCPU
+        self.enabled = False
+        if not ENABLED or getcpu is None:
+            return
+        try:
+            cpus = os.sched_getaffinity(0)
+        except OSError:
+            return
+        if len(cpus) < 2:
+            return  # the process runs on one CPU anyway
+        self._getcpu = getcpu
+        # One set object per CPU, made once (a switch builds none).
+        self._one = {cpu: {cpu} for cpu in cpus}
+        self.enabled = True
+
+    def pin(self, native_id: int | None) -> None:
+        """Keep the sleeping thread ``native_id`` to this thread's CPU, so
+        that waking it next does not move it (called before waking it)."""
+        if not self.enabled or native_id is None:
+            return
+        one = self._one.get(self._getcpu())
+        if one is None:
+            return  # this thread runs where the run's caller may not: leave it
+        try:
+            own = os.sched_getaffinity(native_id)
+            os.sched_setaffinity(native_id, one)
+        except OSError:
+            self.enabled = False
+            return
+        # (A thread pinned again before it ran keeps its mask from before.)
+        self._own.setdefault(native_id, own)
+        self.pins += 1
+
+    def restore(self) -> None:
+        """The calling thread was woken: it may run wherever it could before
+        it was pinned (called once it runs; nothing if it was not pinned)."""
+        own = self._own.pop(threading.get_native_id(), None)
+        if own is not None:
+            try:
+                os.sched_setaffinity(0, own)
+            except OSError:
+                self.enabled = False

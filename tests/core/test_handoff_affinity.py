@@ -1,0 +1,198 @@
+"""Handing the run token on keeps the next holder on the hander's CPU, and
+nothing else: a rank runs its own code with its own CPU mask, every thread
+has its mask back after the run, and where threads ran changes no result.
+
+(The speed this buys is printed by benchmarks/scale.py; here only what must
+hold.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist._core import affinity
+from simdist._core.identity import me
+
+CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+needs_pins = pytest.mark.skipif(
+    not affinity.ENABLED or len(CPUS) < 2,
+    reason="pinning needs Linux's sched_getcpu and a process that may use 2 or more CPUs",
+)
+
+
+def _handoffs() -> affinity.Handoffs:
+    world = me.world
+    assert world is not None
+    handoffs = world.scheduler._turns.handoffs
+    assert isinstance(handoffs, affinity.Handoffs)
+    return handoffs
+
+
+def _masks_of_every_thread() -> dict[int, set[int]]:
+    masks = {}
+    for thread in threading.enumerate():
+        if thread.native_id is not None:
+            try:
+                masks[thread.native_id] = os.sched_getaffinity(thread.native_id)
+            except OSError:
+                pass  # the thread ended meanwhile
+    return masks
+
+
+@needs_pins
+def test_a_sleeping_thread_is_pinned_to_the_callers_cpu_and_takes_its_own_mask_back() -> None:
+    handoffs = affinity.Handoffs()
+    assert handoffs.enabled
+    woken, restored = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def sleeper() -> None:
+        woken.wait(30)
+        seen["while pinned"] = os.sched_getaffinity(0)
+        handoffs.restore()
+        seen["after restore"] = os.sched_getaffinity(0)
+        restored.set()
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    try:
+        assert thread.native_id is not None
+        own = os.sched_getaffinity(thread.native_id)
+        handoffs.pin(thread.native_id)
+        pinned = os.sched_getaffinity(thread.native_id)
+        assert len(pinned) == 1 and pinned < CPUS
+        assert handoffs.pins == 1
+    finally:
+        woken.set()
+        thread.join(30)
+    assert restored.is_set()
+    assert seen["while pinned"] == pinned
+    assert seen["after restore"] == own
+    # A thread that was not pinned is left as it is.
+    before = os.sched_getaffinity(0)
+    handoffs.restore()
+    assert os.sched_getaffinity(0) == before
+
+
+@needs_pins
+def test_a_thread_that_is_gone_turns_pinning_off_instead_of_failing() -> None:
+    handoffs = affinity.Handoffs()
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    assert thread.native_id is not None
+    handoffs.pin(thread.native_id)  # (an id the OS may not have reused this soon)
+    if handoffs.enabled:
+        pytest.skip("the OS reused the thread id at once")
+    assert handoffs.pins == 0
+    handoffs.pin(threading.get_native_id())  # off: touches nothing any more
+    assert os.sched_getaffinity(0) == CPUS
+
+
+def _collectives(ctx: Any, own_mask: set[int] | None, calls: int = 12) -> list[Any]:
+    """All-reduces and sends between ranks, reading the rank's mask after each."""
+    if own_mask is not None and ctx.rank == 1:
+        os.sched_setaffinity(0, own_mask)  # what a process may do for itself
+    t = torch.full((4,), float(ctx.rank + 1))
+    masks = []
+    for i in range(calls):
+        dist.all_reduce(t)
+        masks.append(os.sched_getaffinity(0))
+        peer = (ctx.rank + 1) % ctx.world_size
+        if ctx.rank % 2 == 0:
+            dist.send(t * i, dst=peer)
+        else:
+            got = torch.empty(4)
+            dist.recv(got, src=(ctx.rank - 1) % ctx.world_size)
+            t += got
+        masks.append(os.sched_getaffinity(0))
+    return [t.tolist(), masks, _handoffs().pins, _handoffs().enabled]
+
+
+@needs_pins
+def test_ranks_are_pinned_between_turns_and_run_their_own_code_with_their_own_mask() -> None:
+    before = _masks_of_every_thread()
+    results = simdist.run(_collectives, world_size=4, args=(None,))
+    pins = results[0][2]
+    assert results[0][3], "pinning was turned off during the run"
+    assert pins >= 12, f"expected a pin at (nearly) every switch, got {pins}"
+    for rank, (_, masks, _, _) in enumerate(results):
+        assert all(m == CPUS for m in masks), f"rank {rank} ran its own code pinned: {masks}"
+    after = _masks_of_every_thread()
+    changed = {tid: m for tid, m in after.items() if m != before.get(tid, CPUS)}
+    assert not changed, f"threads left pinned after the run: {changed}"
+
+
+@needs_pins
+def test_a_mask_a_rank_sets_itself_is_kept_across_switches() -> None:
+    own = {min(CPUS)}
+    results = simdist.run(_collectives, world_size=4, args=(own,))
+    assert results[0][2] > 0
+    assert all(m == own for m in results[1][1]), results[1][1]
+    for rank in (0, 2, 3):
+        assert all(m == CPUS for m in results[rank][1])
+
+
+def test_where_ranks_run_changes_no_result_and_no_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run() -> list[Any]:
+        return [r[0] for r in simdist.run(_order_body, world_size=4, schedule="random", seed=7)]
+
+    pinned = run()
+    monkeypatch.setattr(affinity, "ENABLED", False)
+    assert run() == pinned
+
+
+_order: list[int] = []
+
+
+def _order_body(ctx: Any) -> tuple[list[float], int]:
+    t = torch.randn(3, generator=torch.Generator().manual_seed(ctx.rank))
+    for _ in range(5):
+        dist.all_reduce(t)
+        _order.append(ctx.rank)
+    return t.tolist(), _handoffs().pins
+
+
+def test_the_order_ranks_take_turns_is_the_same_pinned_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    _order.clear()
+    simdist.run(_order_body, world_size=4, schedule="random", seed=3)
+    pinned = list(_order)
+    _order.clear()
+    monkeypatch.setattr(affinity, "ENABLED", False)
+    results = simdist.run(_order_body, world_size=4, schedule="random", seed=3)
+    assert list(_order) == pinned
+    assert all(pins == 0 for _, pins in results)
+
+
+def test_the_environment_variable_turns_it_off() -> None:
+    code = (
+        "import simdist; from simdist._core import affinity; import torch.distributed as dist;\n"
+        "def body(ctx):\n"
+        "    import torch; dist.all_reduce(torch.ones(2))\n"
+        "    from simdist._core.identity import me\n"
+        "    return me.world.scheduler._turns.handoffs.pins\n"
+        "print(affinity.ENABLED, simdist.run(body, world_size=3))\n"
+    )
+    env = dict(os.environ, SIMDIST_HANDOFF_AFFINITY="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "[0,", "0,", "0]"]
+
+
+@needs_pins
+def test_a_caller_held_to_one_cpu_gets_no_pins() -> None:
+    cpu = min(CPUS)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        results = simdist.run(_order_body, world_size=3)
+    finally:
+        os.sched_setaffinity(0, CPUS)
+    assert all(pins == 0 for _, pins in results)
