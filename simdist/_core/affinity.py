@@ -13,12 +13,12 @@ to the CPU the handing rank runs on; it starts there as soon as the hander
 sleeps, with warm caches. Once it runs, it puts back the CPU mask it had
 before the pin, so a rank's own compute (torch's intra-op threads it starts,
 a mask the rank set itself) is never held to one CPU. That costs three
-system calls a switch (about 4 us) against the tens of microseconds a move
+system calls a switch (4-8 us) against the tens of microseconds a move
 between CPUs costs.
 
 Only where this can be done (Linux, with ``sched_getcpu``) and is worth it
 (the process may use more than one CPU); ``SIMDIST_HANDOFF_AFFINITY=0`` turns
-it off. A failed pin or restore turns it off for the run: where a thread runs
+it off. A failed pin turns it off for the run: where a thread runs
 never changes what it computes, or in which order ranks run.
 """
 
@@ -29,7 +29,7 @@ import os
 import threading
 from collections.abc import Callable
 
-__all__ = ["ENABLED", "Handoffs"]
+__all__ = ["ENABLED", "Handoffs", "restore"]
 
 
 def _find_getcpu() -> Callable[[], int] | None:
@@ -53,15 +53,29 @@ _GETCPU = _find_getcpu()
 # Read by every new run (a test may switch it off for one run).
 ENABLED = _GETCPU is not None and os.environ.get("SIMDIST_HANDOFF_AFFINITY", "1").strip() != "0"
 
+# The threads pinned and not yet running again: native thread id -> the mask
+# each had before its pin. One map for the process: a thread takes its mask
+# back whichever run pinned it (a pooled thread serves many runs).
+_own: dict[int, set[int]] = {}
+
+
+def restore() -> None:
+    """The calling thread was woken: it may run wherever it could before it
+    was pinned (called once it runs; nothing if it was not pinned)."""
+    own = _own.pop(threading.get_native_id(), None)
+    if own is not None:
+        try:
+            os.sched_setaffinity(0, own)
+        except OSError:
+            pass  # (its mask may have been taken away from under it: nothing to put back)
+
 
 class Handoffs:
-    """The pins of one run: which sleeping rank threads were pinned, and the
-    mask each had before."""
+    """The pins of one run (off where they cannot be made or are not worth it)."""
 
-    __slots__ = ("_getcpu", "_one", "_own", "enabled", "pins")
+    __slots__ = ("_getcpu", "_one", "enabled", "pins")
 
     def __init__(self) -> None:
-        self._own: dict[int, set[int]] = {}  # native thread id -> its mask before the pin
         self.pins = 0
         getcpu = _GETCPU
         self.enabled = False
@@ -93,15 +107,5 @@ class Handoffs:
             self.enabled = False
             return
         # (A thread pinned again before it ran keeps its mask from before.)
-        self._own.setdefault(native_id, own)
+        _own.setdefault(native_id, own)
         self.pins += 1
-
-    def restore(self) -> None:
-        """The calling thread was woken: it may run wherever it could before
-        it was pinned (called once it runs; nothing if it was not pinned)."""
-        own = self._own.pop(threading.get_native_id(), None)
-        if own is not None:
-            try:
-                os.sched_setaffinity(0, own)
-            except OSError:
-                self.enabled = False

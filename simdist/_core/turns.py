@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..policy import Policy
+from . import affinity
 from .affinity import Handoffs
 from .records import RankState, Waitable, copy_error
 from .slots import RankSlot, Slots
@@ -139,7 +140,7 @@ class RunToken(Turns):
         self.handoffs = handoffs = Handoffs()
         self._on_resume: Callable[[int], None] = on_resume
         if handoffs.enabled:
-            restore = handoffs.restore
+            restore = affinity.restore
 
             def resumed(rank: int) -> None:
                 restore()
@@ -199,7 +200,7 @@ class RunToken(Turns):
             self.nothing_runnable_locked()
             if self._holder == rank:
                 self._hand_locked()
-        self.handoffs.restore()  # a thread the pool reuses keeps no pin
+        affinity.restore()  # a thread the pool reuses keeps no pin
 
     def helper_blocked_locked(self) -> None:
         self.nothing_runnable_locked()

@@ -57,7 +57,7 @@ def test_a_sleeping_thread_is_pinned_to_the_callers_cpu_and_takes_its_own_mask_b
     def sleeper() -> None:
         woken.wait(30)
         seen["while pinned"] = os.sched_getaffinity(0)
-        handoffs.restore()
+        affinity.restore()
         seen["after restore"] = os.sched_getaffinity(0)
         restored.set()
 
@@ -78,7 +78,7 @@ def test_a_sleeping_thread_is_pinned_to_the_callers_cpu_and_takes_its_own_mask_b
     assert seen["after restore"] == own
     # A thread that was not pinned is left as it is.
     before = os.sched_getaffinity(0)
-    handoffs.restore()
+    affinity.restore()
     assert os.sched_getaffinity(0) == before
 
 
