@@ -29,7 +29,7 @@ import os
 import threading
 from collections.abc import Callable
 
-__all__ = ["ENABLED", "Handoffs", "restore"]
+__all__ = ["ENABLED", "Handoffs", "caller_mask", "restore", "start_with"]
 
 
 def _find_getcpu() -> Callable[[], int] | None:
@@ -68,6 +68,30 @@ def restore() -> None:
             os.sched_setaffinity(0, own)
         except OSError:
             pass  # (its mask may have been taken away from under it: nothing to put back)
+
+
+def caller_mask() -> set[int] | None:
+    """The calling thread's CPU mask: what each rank thread of its run starts
+    with, as a process inherits its launcher's (None where masks cannot be
+    read)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    try:
+        return os.sched_getaffinity(0)
+    except OSError:
+        return None
+
+
+def start_with(mask: set[int] | None) -> None:
+    """A rank thread starts its run: with the run's caller's mask, whatever an
+    earlier run left on a pooled thread (a new thread would have inherited the
+    caller's), and no pin of a thread that had its id before."""
+    _own.pop(threading.get_native_id(), None)
+    if mask is not None:
+        try:
+            os.sched_setaffinity(0, mask)
+        except OSError:
+            pass  # (a mask the OS refuses now: the thread keeps the one it has)
 
 
 class Handoffs:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import DeadlockError, SimulationError
 from ..policy import Policy
+from . import affinity
 from .deadlock import Detector
 from .helper_book import HelperBook
 from .matching import CollectiveTable, P2PTable
@@ -58,6 +59,7 @@ class Scheduler:
         self._describe_rank = describe_rank
         self._on_done = on_done
         self._lock = threading.Lock()
+        self._caller_mask = affinity.caller_mask()  # every rank thread starts with it
         self._slots = Slots(world_size)
         self._aborts = Aborts()
         self._findings = Findings()
@@ -178,6 +180,7 @@ class Scheduler:
         slot = self._slots.ranks[rank]
         slot.thread_id = threading.get_ident()
         slot.native_id = threading.get_native_id()
+        affinity.start_with(self._caller_mask)
 
     def rank_finished(self, rank: int) -> None:
         with self._lock:

@@ -196,3 +196,81 @@ def test_a_caller_held_to_one_cpu_gets_no_pins() -> None:
     finally:
         os.sched_setaffinity(0, CPUS)
     assert all(pins == 0 for _, pins in results)
+
+
+def _fails_or_deadlocks(ctx: Any, how: str) -> None:
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if how == "raise" and ctx.rank == 2:
+        raise ValueError("rank 2 gives up")
+    if how == "deadlock" and ctx.rank == 0:
+        dist.recv(t, src=1)  # rank 1 never sends
+    dist.all_reduce(t)
+
+
+@needs_pins
+@pytest.mark.parametrize("how", ["raise", "deadlock"])
+def test_a_run_that_fails_leaves_no_thread_pinned(how: str) -> None:
+    before = _masks_of_every_thread()
+    with pytest.raises((ValueError, simdist.DeadlockError, simdist.SimulationError)):
+        simdist.run(_fails_or_deadlocks, world_size=4, args=(how,))
+    after = _masks_of_every_thread()
+    changed = {tid: m for tid, m in after.items() if m != before.get(tid, CPUS)}
+    assert not changed, f"threads left pinned after a run that failed ({how}): {changed}"
+    live = {t.native_id for t in threading.enumerate()}
+    assert not live & set(affinity._own), f"pins never taken back: {affinity._own}"
+
+
+@needs_pins
+def test_runs_from_two_threads_at_once_and_a_nested_run_leave_no_thread_pinned() -> None:
+    before = _masks_of_every_thread()
+    out: dict[str, Any] = {}
+
+    def nested(ctx: Any) -> list[Any]:
+        inner = simdist.run(_collectives, world_size=2, args=(None, 3)) if ctx.rank == 0 else None
+        return [_collectives(ctx, None, 3), inner]
+
+    def caller(name: str) -> None:
+        out[name] = simdist.run(nested, world_size=4)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(out) == {"a", "b"}
+    for results in out.values():
+        for rank, (own, inner) in enumerate(results):
+            assert all(m == CPUS for m in own[1]), f"rank {rank} ran pinned"
+            if inner is not None:
+                assert all(m == CPUS for r in inner for m in r[1]), "a nested run's rank ran pinned"
+    after = _masks_of_every_thread()
+    changed = {tid: m for tid, m in after.items() if m != before.get(tid, CPUS)}
+    assert not changed, f"threads left pinned: {changed}"
+
+
+def _sets_own_mask(ctx: Any, cpu: int) -> set[int]:
+    seen = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # a rank may hold itself to one CPU; its process would end
+    dist.barrier()
+    return seen
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs a process that may use 2 or more CPUs")
+@pytest.mark.parametrize("schedule", ["rank", "concurrent"])
+def test_a_pooled_thread_starts_each_run_with_that_runs_callers_mask(schedule: str) -> None:
+    cpu = min(CPUS)
+    simdist.run(_sets_own_mask, world_size=4, args=(cpu,), schedule=schedule)
+    # The next run reuses those threads (parked, not ended): each rank must
+    # start as a new thread would, with this caller's mask.
+    seen = simdist.run(_sets_own_mask, world_size=4, args=(cpu,), schedule=schedule)
+    assert all(mask == CPUS for mask in seen), seen
+    held = {max(CPUS)}
+    os.sched_setaffinity(0, held)
+    try:
+        seen = simdist.run(_sets_own_mask, world_size=4, args=(cpu,), schedule=schedule)
+    finally:
+        os.sched_setaffinity(0, CPUS)
+    assert all(mask == held for mask in seen), seen
+    simdist.run(lambda ctx: None, world_size=4, schedule=schedule)  # the pool's threads get CPUS back
