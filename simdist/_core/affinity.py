@@ -16,9 +16,13 @@ a mask the rank set itself) is never held to one CPU. That costs three
 system calls a switch (4-8 us) against the tens of microseconds a move
 between CPUs costs.
 
-Only where this can be done (Linux, with ``sched_getcpu``) and is worth it
-(the process may use more than one CPU); ``SIMDIST_HANDOFF_AFFINITY=0`` turns
-it off. A failed pin turns it off for the run: where a thread runs
+Only where this can be done (Linux, with ``sched_getcpu``) and is worth it:
+the process may use more than one CPU, and no other thread on the machine is
+running when the run starts. With every CPU busy (two simdist processes on
+two CPUs, as ``pytest -n 2`` runs them) the OS already keeps the ranks where
+they are, and pins only cost their system calls and take away the
+scheduler's freedom: a small all_reduce took 1.1-1.45x as long pinned.
+``SIMDIST_HANDOFF_AFFINITY=0`` turns it off. A failed pin turns it off for the run: where a thread runs
 never changes what it computes, or in which order ranks run.
 """
 
@@ -94,6 +98,22 @@ def start_with(mask: set[int] | None) -> None:
             pass  # (a mask the OS refuses now: the thread keeps the one it has)
 
 
+_LOADAVG = "/proc/loadavg"
+
+
+def _machine_busy() -> bool:
+    """Whether a thread other than the caller is running on the machine right
+    now (``/proc/loadavg``'s count of running threads, the caller's included;
+    False where it cannot be read). One look at run start: a busy machine
+    gets no pins for that run."""
+    try:
+        with open(_LOADAVG, encoding="ascii") as fh:
+            running = fh.read().split()[3].partition("/")[0]
+        return int(running) > 1
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 class Handoffs:
     """The pins of one run (off where they cannot be made or are not worth it)."""
 
@@ -111,6 +131,8 @@ class Handoffs:
             return
         if len(cpus) < 2:
             return  # the process runs on one CPU anyway
+        if _machine_busy():
+            return  # no idle CPU for the OS to move the next holder to
         self._getcpu = getcpu
         # One set object per CPU, made once (a switch builds none).
         self._one = {cpu: {cpu} for cpu in cpus}

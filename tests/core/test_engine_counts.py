@@ -25,10 +25,17 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist._core import slots
+from simdist._core import affinity, slots
 from simdist._isolation import hold, rank_state
 
 K = 4
+
+
+@pytest.fixture(autouse=True)
+def _pins_as_on_an_idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a run pins its handoffs depends on the machine's load at its
+    start (affinity._machine_busy); the counts must not."""
+    monkeypatch.setattr(affinity, "_machine_busy", lambda: False)
 
 
 @pytest.fixture(autouse=True)
@@ -164,6 +171,7 @@ _FRESH_COUNTS = """
 import gc, json, sys
 sys.path.insert(0, sys.argv[1])
 import test_engine_counts as t
+t.affinity._machine_busy = lambda: False
 gc.collect()
 gc.disable()
 print(json.dumps([t.pair_calls(8, "returned"), t.world_calls_per_rank(8)]))

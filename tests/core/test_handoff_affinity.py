@@ -28,6 +28,13 @@ needs_pins = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _an_idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests run beside others (pytest -n): they ask for pins as a
+    quiet machine gets them. Whether a busy machine gets none is tested below."""
+    monkeypatch.setattr(affinity, "_machine_busy", lambda: False)
+
+
 def _handoffs() -> affinity.Handoffs:
     world = me.world
     assert world is not None
@@ -274,3 +281,27 @@ def test_a_pooled_thread_starts_each_run_with_that_runs_callers_mask(schedule: s
         os.sched_setaffinity(0, CPUS)
     assert all(mask == held for mask in seen), seen
     simdist.run(lambda ctx: None, world_size=4, schedule=schedule)  # the pool's threads get CPUS back
+
+
+@pytest.mark.parametrize(
+    ("loadavg", "busy"),
+    [("0.41 0.30 0.22 1/212 4242\n", False), ("1.93 1.10 0.80 3/215 4250\n", True), ("garbled\n", False)],
+)
+def test_a_machine_with_another_running_thread_is_busy(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, loadavg: str, busy: bool
+) -> None:
+    monkeypatch.undo()  # the real _machine_busy, reading a file of ours
+    fake = tmp_path / "loadavg"
+    fake.write_text(loadavg)
+    monkeypatch.setattr(affinity, "_LOADAVG", str(fake))
+    assert affinity._machine_busy() is busy
+    monkeypatch.setattr(affinity, "_LOADAVG", str(tmp_path / "missing"))
+    assert affinity._machine_busy() is False
+
+
+@needs_pins
+def test_a_busy_machine_gets_no_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(affinity, "_machine_busy", lambda: True)
+    assert not affinity.Handoffs().enabled
+    results = simdist.run(_order_body, world_size=3)
+    assert all(pins == 0 for _, pins in results)
