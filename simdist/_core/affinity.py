@@ -4,9 +4,11 @@ Scheduled, one rank runs at a time, and a switch wakes the next holder while
 the current one goes to sleep. Left alone, the OS puts the woken thread on an
 idle CPU, so every switch moves the interpreter's working set (the world's
 records, the tensors, the objects every rank touches) from one CPU's caches
-to another's. On a quiet 2-CPU machine that made a switch about twice as
-expensive as the same switch on one CPU, and a small all_reduce 1.5-2x
-slower than on the same threads kept together (``benchmarks/scale.py``).
+to another's. Where CPUs share little of their caches (a 2-CPU VM, measured
+with ``benchmarks/scale.py``) that made a switch about twice as expensive as
+the same switch on one CPU, and a small all_reduce 1.5-2x slower than on the
+same threads kept together; where they share more, the move costs little
+and the pins gain little.
 
 So the rank handing the token on first pins the next holder, which is asleep,
 to the CPU the handing rank runs on; it starts there as soon as the hander
@@ -22,8 +24,9 @@ running when the run starts. With every CPU busy (two simdist processes on
 two CPUs, as ``pytest -n 2`` runs them) the OS already keeps the ranks where
 they are, and pins only cost their system calls and take away the
 scheduler's freedom: a small all_reduce took 1.1-1.45x as long pinned.
-``SIMDIST_HANDOFF_AFFINITY=0`` turns it off. A failed pin turns it off for the run: where a thread runs
-never changes what it computes, or in which order ranks run.
+``SIMDIST_HANDOFF_AFFINITY=0`` turns it off. A failed pin turns it off for
+the run: where a thread runs never changes what it computes, or in which
+order ranks run.
 """
 
 from __future__ import annotations
