@@ -34,7 +34,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["ENABLED", "Handoffs", "caller_mask", "restore", "start_with"]
 
@@ -102,19 +104,36 @@ def start_with(mask: set[int] | None) -> None:
 
 
 _LOADAVG = "/proc/loadavg"
+# How long one look stays the answer: back-to-back runs (a test suite's) look
+# once per window, not once per run (opening and reading the file cost about
+# 40 us, as much as an empty 1-rank run's scheduler).
+_LOOK_S = 0.1
+# The last look: (path, fd or None, when, answer).
+_look: list[Any] = [None, None, -1.0, False]
 
 
 def _machine_busy() -> bool:
     """Whether a thread other than the caller is running on the machine right
     now (``/proc/loadavg``'s count of running threads, the caller's included;
-    False where it cannot be read). One look at run start: a busy machine
-    gets no pins for that run."""
+    False where it cannot be read). Looked at when a run starts, at most once
+    per ``_LOOK_S``: a busy machine gets no pins for that run."""
+    path, fd, when, answer = _look
+    now = time.monotonic()
+    if path == _LOADAVG and now - when < _LOOK_S:
+        return bool(answer)
     try:
-        with open(_LOADAVG, encoding="ascii") as fh:
-            running = fh.read().split()[3].partition("/")[0]
-        return int(running) > 1
+        if path != _LOADAVG or fd is None:
+            if fd is not None:
+                os.close(fd)
+            _look[0], _look[1] = _LOADAVG, None
+            fd = _look[1] = os.open(_LOADAVG, os.O_RDONLY)
+        # procfs makes the file afresh at each read from offset 0.
+        running = os.pread(fd, 256, 0).split()[3].partition(b"/")[0]
+        answer = int(running) > 1
     except (OSError, IndexError, ValueError):
-        return False
+        answer = False
+    _look[2], _look[3] = now, answer
+    return answer
 
 
 class Handoffs:
@@ -122,15 +141,13 @@ class Handoffs:
 
     __slots__ = ("_getcpu", "_one", "enabled", "pins")
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: set[int] | None) -> None:
+        """``cpus``: the caller's CPU mask (``caller_mask``), None where it
+        cannot be read."""
         self.pins = 0
         getcpu = _GETCPU
         self.enabled = False
-        if not ENABLED or getcpu is None:
-            return
-        try:
-            cpus = os.sched_getaffinity(0)
-        except OSError:
+        if not ENABLED or getcpu is None or cpus is None:
             return
         if len(cpus) < 2:
             return  # the process runs on one CPU anyway

@@ -70,7 +70,14 @@ class Scheduler:
             turns = Baton(self._slots)
         else:
             turns = RunToken(
-                self._slots, self._aborts, self._lock, policy, poll_interval(world_size), on_resume, on_yield
+                self._slots,
+                self._aborts,
+                self._lock,
+                policy,
+                poll_interval(world_size),
+                on_resume,
+                on_yield,
+                self._caller_mask,
             )
         self._turns = turns
         self._detector = Detector(

@@ -128,6 +128,7 @@ class RunToken(Turns):
         poll_s: float,
         on_resume: Callable[[int], None],
         on_yield: Callable[[], None],
+        caller_cpus: set[int] | None = None,
     ) -> None:
         super().__init__(slots)
         self._aborts = aborts
@@ -137,7 +138,7 @@ class RunToken(Turns):
         self.yielded = on_yield  # gives up the process hold (see rank_state)
         # The next holder is pinned to the hander's CPU before it is woken
         # (see affinity); once it runs, it takes its own CPU mask back.
-        self.handoffs = handoffs = Handoffs()
+        self.handoffs = handoffs = Handoffs(caller_cpus)
         self._on_resume: Callable[[int], None] = on_resume
         if handoffs.enabled:
             restore = affinity.restore

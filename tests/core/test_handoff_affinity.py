@@ -56,7 +56,7 @@ def _masks_of_every_thread() -> dict[int, set[int]]:
 
 @needs_pins
 def test_a_sleeping_thread_is_pinned_to_the_callers_cpu_and_takes_its_own_mask_back() -> None:
-    handoffs = affinity.Handoffs()
+    handoffs = affinity.Handoffs(affinity.caller_mask())
     assert handoffs.enabled
     woken, restored = threading.Event(), threading.Event()
     seen: dict[str, Any] = {}
@@ -91,7 +91,7 @@ def test_a_sleeping_thread_is_pinned_to_the_callers_cpu_and_takes_its_own_mask_b
 
 @needs_pins
 def test_a_thread_that_is_gone_turns_pinning_off_instead_of_failing() -> None:
-    handoffs = affinity.Handoffs()
+    handoffs = affinity.Handoffs(affinity.caller_mask())
     thread = threading.Thread(target=lambda: None)
     thread.start()
     thread.join()
@@ -302,6 +302,24 @@ def test_a_machine_with_another_running_thread_is_busy(
 @needs_pins
 def test_a_busy_machine_gets_no_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(affinity, "_machine_busy", lambda: True)
-    assert not affinity.Handoffs().enabled
+    assert not affinity.Handoffs(affinity.caller_mask()).enabled
     results = simdist.run(_order_body, world_size=3)
     assert all(pins == 0 for _, pins in results)
+
+
+def test_back_to_back_runs_share_one_look_at_the_machine(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One look answers for ``_LOOK_S``: the file is not read again at every
+    run start, and is once the window has passed (a machine that got busy is
+    seen)."""
+    monkeypatch.undo()
+    fake = tmp_path / "loadavg"
+    fake.write_text("0.41 0.30 0.22 1/212 4242\n")
+    monkeypatch.setattr(affinity, "_LOADAVG", str(fake))
+    monkeypatch.setattr(affinity, "_LOOK_S", 60.0)
+    assert affinity._machine_busy() is False
+    fake.write_text("1.93 1.10 0.80 3/215 4250\n")
+    assert affinity._machine_busy() is False  # the same look
+    monkeypatch.setattr(affinity, "_LOOK_S", 0.0)
+    assert affinity._machine_busy() is True  # looked again: the file is read afresh
