@@ -39,11 +39,27 @@ def _in_place(address: int, size: int) -> Callable[[], bytes]:
     return memoryview((ctypes.c_char * size).from_address(address)).tobytes
 
 
+# random's global instance -> its fingerprint (checked once per instance:
+# the check reads the whole state through getstate, ~35 us).
+_random_fingerprints: dict[int, tuple[Any, Callable[[], Any] | None]] = {}
+
+
 def _python_random_fingerprint() -> Callable[[], Any] | None:
     """The Mersenne Twister words of ``random``'s global instance, read in
     place (reading them through getstate costs ~9 us a switch). Checked
-    against getstate once, so another interpreter's layout disables it."""
+    against getstate once per instance, so another interpreter's layout
+    disables it."""
     inst: Any = random._inst  # Any: gauss_next is not in the stubs
+    known = _random_fingerprints.get(id(inst))
+    if known is not None and known[0] is inst:
+        return known[1]
+    fingerprint = _checked_random_fingerprint(inst)
+    _random_fingerprints.clear()  # (one instance is global at a time; the entry keeps it alive)
+    _random_fingerprints[id(inst)] = (inst, fingerprint)
+    return fingerprint
+
+
+def _checked_random_fingerprint(inst: Any) -> Callable[[], Any] | None:
     address = id(inst) + object.__basicsize__
     try:
         raw = ctypes.string_at(address, _MT_BYTES)
@@ -57,19 +73,95 @@ def _python_random_fingerprint() -> Callable[[], Any] | None:
     return lambda: (read(), inst.gauss_next)
 
 
-def _numpy_fingerprint() -> Callable[[], Any] | None:
-    """numpy's legacy generator words (get/set_state cost ~35 us each). A
-    cached Gaussian is spent without touching them, so the fingerprint only
-    vouches for a state without one (see ``_numpy_has_gauss``)."""
+# numpy's legacy RandomState keeps its cached Gaussian beside its bit
+# generator pointer (aug_bitgen_t): an int flag, padding, the double.
+_GAUSS = struct.Struct("<i4xd")
+_GAUSS_SEARCH = 512  # how far into the object it is looked for
+_GAUSS_PROBE = 0.3748291015625
+
+
+def _numpy_gauss_offset() -> int | None:
+    """Where a RandomState keeps its cached Gaussian (the flag, then the
+    value), as an offset into the object; found and checked on a RandomState
+    of its own: a planted sample found in place, its flag set and cleared
+    through ``set_state``, and a draw that caches one read the same in place
+    as through ``get_state``. None where any of it does not hold."""
     try:
-        address = _np.random.mtrand._rand._bit_generator.ctypes.state_address
+        probe = _np.random.RandomState(0x5EED)
+        size = min(type(probe).__basicsize__, _GAUSS_SEARCH)
+        state = list(probe.get_state())
+        state[3], state[4] = 1, _GAUSS_PROBE
+        probe.set_state(tuple(state))
+        at = ctypes.string_at(id(probe), size).find(struct.pack("<d", _GAUSS_PROBE)) - 8
+        if at < 0 or _GAUSS.unpack_from(ctypes.string_at(id(probe) + at, _GAUSS.size)) != (1, _GAUSS_PROBE):
+            return None
+        state[3], state[4] = 0, 0.0
+        probe.set_state(tuple(state))
+        if _GAUSS.unpack_from(ctypes.string_at(id(probe) + at, _GAUSS.size))[0] != 0:
+            return None
+        probe.standard_normal()  # the polar method caches the pair's second sample
+        cached = probe.get_state()
+        if cached[3] != 1 or _GAUSS.unpack_from(ctypes.string_at(id(probe) + at, _GAUSS.size)) != (
+            1,
+            cached[4],
+        ):
+            return None
     except Exception:
         return None
-    return _in_place(address, _MT_BYTES)
+    return at
 
 
-def _numpy_has_gauss(state: Any) -> bool:
-    return bool(state[3])
+_NUMPY_GAUSS_OFFSET = _numpy_gauss_offset() if _np is not None else None
+# numpy's global RandomState -> its fingerprint (checked once per object).
+_numpy_fingerprints: dict[int, tuple[Any, Callable[[], Any] | None, bool]] = {}
+
+
+def _numpy_fingerprint() -> Callable[[], Any] | None:
+    """numpy's legacy generator words (get/set_state cost ~35 us each) and its
+    cached Gaussian, read in place. Where the Gaussian's place is not known
+    (``_NUMPY_GAUSS_OFFSET``), only the words are read: a cached Gaussian is
+    spent without touching them, so the fingerprint then vouches only for a
+    state without one (see ``numpy_unvouched``)."""
+    try:
+        rand = _np.random.mtrand._rand
+        known = _numpy_fingerprints.get(id(rand))
+        if known is not None and known[0] is rand:
+            return known[1]
+        words = _in_place(rand._bit_generator.ctypes.state_address, _MT_BYTES)
+    except Exception:
+        return None
+    fingerprint: Callable[[], Any] = words
+    whole = False
+    if _NUMPY_GAUSS_OFFSET is not None:
+        gauss = _in_place(id(rand) + _NUMPY_GAUSS_OFFSET, _GAUSS.size)
+        try:
+            state = rand.get_state()
+            whole = _GAUSS.unpack(gauss()) == (state[3], state[4])
+        except Exception:
+            whole = False
+        if whole:
+            fingerprint = lambda: (words(), gauss())  # noqa: E731  (a closure over both readers)
+    _numpy_fingerprints.clear()  # (the entry keeps the object alive, so its id stays its own)
+    _numpy_fingerprints[id(rand)] = (rand, fingerprint, whole)
+    return fingerprint
+
+
+def numpy_fingerprint_whole() -> bool:
+    """Whether numpy's fingerprint reads its cached Gaussian too (then it
+    vouches for every state)."""
+    if _np is None:
+        return False
+    known = _numpy_fingerprints.get(id(_np.random.mtrand._rand))
+    return known is not None and known[2]
+
+
+def numpy_unvouched(state: Any) -> bool:
+    """Whether numpy's fingerprint cannot vouch for ``state``: one with a
+    cached Gaussian, where the fingerprint reads only the words."""
+    if not state[3]:
+        return False
+    known = _numpy_fingerprints.get(id(_np.random.mtrand._rand))
+    return known is None or not known[2]
 
 
 # torch's CPU generator state, as ``Generator.get_state`` serialises it (the

@@ -227,8 +227,11 @@ def test_a_switch_reads_and_writes_the_cpu_generator_only_when_a_rank_drew(
     """The lazy swap: ranks that never draw share the caller's state, so no
     switch touches the generator beyond its in-place fingerprint (the one
     read is the caller's state, at run start, and the run's end finds
-    nothing to put back); ranks that draw are read at every switch and
-    written, each having its own state."""
+    nothing to put back; a caller whose state is as the last run left it is
+    not read at all); ranks that draw are read at every switch and written,
+    each having its own state."""
+    torch.manual_seed(20261202)  # a state no run has seen: read once
     assert _generator_access(monkeypatch, draw=False) == Counter(read=1)
+    assert _generator_access(monkeypatch, draw=False) == Counter()  # as the last run left it
     drawn = _generator_access(monkeypatch, draw=True)
     assert drawn["read"] >= 2 * K and drawn["write"] >= 2 * K, drawn
