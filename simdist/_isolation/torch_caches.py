@@ -263,7 +263,14 @@ def fresh_cache(value: Any) -> Any:
         return staticmethod(fresh_cache(value.__func__))
     if isinstance(value, functools._lru_cache_wrapper):
         params = value.cache_parameters()
-        return functools.lru_cache(maxsize=params["maxsize"], typed=params["typed"])(value.__wrapped__)
+        # The wrapper type itself, then the decorated one's attributes
+        # (``__wrapped__``, names, ``cache_parameters``): what ``lru_cache``
+        # builds, in a third of its time (a rank's first turn makes one per cache).
+        make: Any = functools._lru_cache_wrapper  # CPython's C type, or the pure-Python twin
+        info: Any = functools._CacheInfo
+        fresh: Any = make(value.__wrapped__, params["maxsize"], params["typed"], info)
+        fresh.__dict__.update(value.__dict__)
+        return fresh
     if isinstance(value, dict):
         return type(value)()
     raise TypeError(f"not a cache simdist knows how to renew: {type(value).__name__}")
@@ -286,10 +293,25 @@ def slot_name(module_name: str) -> str:
     return f"torch caches of {module_name}"
 
 
+# Each module's slot, made once (its places are found by walking attribute
+# paths, ~10 us a module, at every run otherwise); the entry keeps the module
+# object, so a module imported anew gets a slot of its own.
+_made: dict[str, tuple[types.ModuleType, _Slot]] = {}
+
+
 def module_slot(module: types.ModuleType) -> _Slot:
     """The per-rank caches of ``module`` as one slot (``rank_state`` swaps it).
     A cache the module does not have (another torch) is left out; the audit
     test is what notices."""
+    made = _made.get(module.__name__)
+    if made is not None and made[0] is module:
+        return made[1]
+    slot = _module_slot(module)
+    _made[module.__name__] = (module, slot)
+    return slot
+
+
+def _module_slot(module: types.ModuleType) -> _Slot:
     places = []
     for name, path, _ in PER_RANK:
         if name == module.__name__:
