@@ -9,7 +9,7 @@ each case it prints, per collective call (or per whole run for an empty world):
 * lines: line events of ``sys.settrace`` in the same threads (a loop inside
   a comprehension is one call but many lines: this column shows O(world)
   scans that the call count hides);
-* wake-ups: ``Condition.notify``/``notify_all``, ``Event.set`` and simdist's
+* wake-ups: ``Condition.notify``/``notify_all``, ``Event.set``, ``Latch.set`` and simdist's
   own parker releases and hold wake-ups, counted by wrapping them (in the
   same threads; every thread for an empty world);
 * swap: per-rank state slots read, written or copied at run-token switches
@@ -117,13 +117,14 @@ def _wrap_slot_init(slot_class: Any) -> None:
 
 def instrument() -> None:
     """Wrap what the wake-up, swap and deadlock columns count (before any run)."""
-    from simdist._core import deadlock, slots
+    from simdist._core import deadlock, latch, slots
     from simdist._isolation import hold, rank_state
     from simdist._isolation import slots as state_slots
 
     _wrap(threading.Condition, "notify", "wake.notify")
     _wrap(threading.Condition, "notify_all", "wake.notify_all")
     _wrap(threading.Event, "set", "wake.event_set")
+    _wrap(latch.Latch, "set", "wake.latch_set")
     _wrap(slots.Parker, "unpark", "wake.unpark")
     _wrap(hold, "_wake", "wake.hold")
     _wrap_slot_init(state_slots._Slot)

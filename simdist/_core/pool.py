@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import identity
+from .latch import Latch
 from .spawn import TreeStart
 
 __all__ = ["MAX_IDLE", "PooledStart", "Seat", "idle_count"]
@@ -80,10 +81,10 @@ class Seat:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.released = threading.Event()  # set once the thread is parked or about to end
+        self.released = Latch()  # set once the thread is parked or about to end
         self.abandoned = False  # the run gave up on it: its thread must not be parked again
         self.worker: _Worker | None = None
-        self.simdist_exited: threading.Event | None = None  # set by the run layer
+        self.simdist_exited: Latch | None = None  # set by the run layer
 
     @property
     def ident(self) -> int | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from .latch import Latch
+
 FAN_OUT = 4
 
 
@@ -27,7 +29,7 @@ class TreeStart:
         self._target = target
         self._lock = threading.Lock()
         self._started = 0
-        self._done = threading.Event()
+        self._done = Latch()
         self._error: BaseException | None = None
         self.threads = [
             threading.Thread(target=self._run, args=(i,), name=name(i), daemon=True) for i in range(n)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist._core import affinity, slots
+from simdist._core.latch import Latch
 from simdist._isolation import hold, rank_state
 
 K = 4
@@ -150,6 +151,7 @@ def test_a_switch_wakes_exactly_the_next_holder(monkeypatch: pytest.MonkeyPatch)
         (threading.Condition, "notify"),
         (threading.Condition, "notify_all"),
         (threading.Event, "set"),
+        (Latch, "set"),
     ]:
         monkeypatch.setattr(owner, name, counting(getattr(owner, name)))
     for world in (8, 1024):
