@@ -289,6 +289,15 @@ def _read(owner: Any, attr: str) -> Any:
     return vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
 
 
+def _namespace(owner: Any) -> Any:
+    """Where ``_read`` finds ``owner``'s attributes, as a live mapping: a
+    module's dict, a class's mappingproxy (the places ``PER_RANK`` names
+    are all on one or the other)."""
+    if not isinstance(owner, (type, types.ModuleType)):
+        raise TypeError(f"a per-rank cache must live on a module or a class, not on {type(owner).__name__}")
+    return vars(owner)
+
+
 def slot_name(module_name: str) -> str:
     return f"torch caches of {module_name}"
 
@@ -351,21 +360,19 @@ def _module_slot(module: types.ModuleType) -> _Slot:
             return shared_fresh
         return tuple(empty if in_place else fresh_cache(v) for (_, _, in_place), v in zip(places, values))
 
+    # Read at every switch, so straight from each owner's namespace (a
+    # module's dict, a class's live mappingproxy): what ``_read`` reads,
+    # without a call per place.
+    rebound = [(_namespace(owner), attr) for owner, attr, in_place in places if not in_place]
+    in_place_ = [(_namespace(owner), attr) for owner, attr, in_place in places if in_place]
+
     def fingerprint() -> Any:
         # Rebinding is the only change that needs a new read: a rank's cache
         # object itself is its value, whatever it holds. A dict swapped in
         # place is small (a counter per breakpoint): its items are read.
-        return tuple(
-            tuple(_read(owner, attr).items()) if in_place else id(_read(owner, attr))
-            for owner, attr, in_place in places
+        return (
+            tuple([id(space[attr]) for space, attr in rebound]),
+            tuple([tuple(space[attr].items()) for space, attr in in_place_]),
         )
-
-    if len(places) == 1 and places[0][2] and not isinstance(places[0][0], type):
-        # The common slot (torch.distributed's breakpoint counter): read at
-        # every switch, so without the general loop.
-        owner, attr, _ = places[0]
-
-        def fingerprint() -> Any:
-            return (tuple(getattr(owner, attr).items()),)
 
     return _Slot(slot_name(module.__name__), get, set_, copy_, fingerprint)
