@@ -6,6 +6,7 @@ Each is cheap when no debugging was asked for: a run without ``post_mortem``,
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # CPython's C half of signal
 import bdb
 import signal
 import threading
@@ -37,11 +38,17 @@ def attach(world: Any, settings: Settings, fn: Callable[..., Any]) -> DebugSessi
     return session
 
 
+_USR1 = getattr(signal, "SIGUSR1", None)
+# signal.getsignal wraps the C call to turn an int into its enum member
+# (~4 us, at every run); compared with SIG_DFL, the int answers the same.
+_getsignal: Any = getattr(_signal, "getsignal", signal.getsignal)
+
+
 def _install_signal_handler() -> None:
     # Only from the main thread (the only one that may set handlers), and
     # never over a handler someone else set.
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
-        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+    if _USR1 is not None and threading.current_thread() is threading.main_thread():
+        if _getsignal(_USR1) in (signal.SIG_DFL, None):
             _dump.install_signal_handler()
 
 

@@ -163,14 +163,15 @@ class Settings:
 
 _lock = threading.Lock()
 _stack: list[Settings] = []
+_NO_BLOCK = Settings()  # what a run gets outside every defaults() block, no trace folder set
 
 
 def current() -> Settings:
     with _lock:
         if _stack:
             return _stack[-1]
-    env = os.environ.get(TRACE_ENV)
-    return Settings(trace_dir=env or None)
+    env = os.environ.get(TRACE_ENV) or None
+    return _NO_BLOCK if env is None else Settings(trace_dir=env)
 
 
 @contextlib.contextmanager
@@ -235,9 +236,7 @@ def resolve(post_mortem: bool | None, break_at: Any, world_size: int) -> Setting
         # A default break_at (a replay's) for a smaller world than this run's
         # other runs: it names no rank here, so it cannot stop here.
         spec = None
-    return replace(
-        base,
-        post_mortem=base.post_mortem if post_mortem is None else post_mortem,
-        break_at=spec,
-        break_at_explicit=break_at is not None,
-    )
+    pm = base.post_mortem if post_mortem is None else post_mortem
+    if pm == base.post_mortem and spec is base.break_at and base.break_at_explicit is (break_at is not None):
+        return base  # (a frozen value: nothing of it to change; most runs, which ask for no debugging)
+    return replace(base, post_mortem=pm, break_at=spec, break_at_explicit=break_at is not None)
