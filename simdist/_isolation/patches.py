@@ -84,14 +84,15 @@ class Patch:
 
     def set_up(self) -> None:
         self.install()
-        self.put = [_value(owner, attribute) for owner, attribute in self.changes]
+        # What each place holds, read from its own namespace (not what a class inherits).
+        self.put = [vars(owner).get(attribute, _ABSENT) for owner, attribute in self.changes]
 
     def take_down(self) -> None:
         """Uninstall; a place somebody else changed since keeps their value."""
         theirs = []
         for (owner, attribute), put in zip(self.changes, self.put):
-            now = _value(owner, attribute)
-            if now is put or isinstance(now, list) or now is _ABSENT:
+            now = vars(owner).get(attribute, _ABSENT)
+            if now is put or now is _ABSENT or isinstance(now, list):
                 continue  # ours, or a list (a patch takes out only its own items)
             found = now if self.peel is None else self.peel(owner, attribute, now)
             if found is None or found is put:
@@ -135,10 +136,6 @@ def register(
     if name not in ORDER:
         raise ValueError(f"simdist patch {name!r} is not in patches.ORDER {ORDER}")
     _BY_NAME[name] = Patch(name, install, uninstall, changes, peel)
-
-
-def _value(owner: object, attribute: str) -> object:
-    return vars(owner).get(attribute, _ABSENT)
 
 
 _lock = threading.RLock()  # (a patch's own install may take a lease: re-entrant)
