@@ -138,7 +138,9 @@ class Detector:
             report = self.report_locked(
                 f"rank {r} ({self._describe_rank(r)}) waits in {waitable.describe()} with a "
                 f"timeout of {seconds:g} s, which can never complete (it needs rank(s) "
-                f"{sorted(waitable.needed_ranks())}): its timeout error is delivered at once"
+                f"{sorted(waitable.needed_ranks())}): its timeout error is raised without "
+                f"waiting the timeout out (short timeouts are waited out first where that "
+                f"is asked for, as simdist.torch_compat asks)"
             )
             error = make_error()
             error.__cause__ = DeadlockError(report)
