@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import traceback
 from types import FrameType
 
-import torch
+
+def _torch_dir() -> str:
+    """torch's package folder, found without importing torch where it is not
+    imported yet: the command line's refusals of bad input (``simdist fuzz``,
+    ``simdist replay``) come before torch's 1-2 s import."""
+    module = sys.modules.get("torch")
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        spec = importlib.util.find_spec("torch")
+        origin = spec.origin if spec is not None else None
+    if origin is None:  # (a torch without a file: ask the package itself)
+        import torch
+
+        origin = torch.__file__
+    assert origin is not None
+    return os.path.dirname(os.path.abspath(origin))
+
 
 _SIMDIST_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_TORCH_DIR = _torch_dir()
 # Frames in these places are plumbing, not the user's program: simdist, all of
 # torch (the dispatcher's torch/_ops.py behind functional collectives, module
 # hooks, DTensor), and the files whose wrappers torch puts around its API

@@ -113,3 +113,31 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-3000:]
+
+
+# Bad input to the fuzz commands is refused before torch is imported (1-2 s), as a typo
+# deserves; what each refusal says is pinned where the commands are tested.
+REFUSALS = {
+    "fuzz, a negative budget": (["fuzz", "--budget", "-1"], 2, "expected a positive number of seconds"),
+    "fuzz, an unknown option": (["fuzz", "--no-such-option"], 2, "unrecognized arguments"),
+    "replay, a missing case file": (["replay", "no-such-case.json"], None, "no such file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_the_fuzz_commands_refuse_bad_input_without_importing_torch(case: str, tmp_path: Path) -> None:
+    argv, code, says = REFUSALS[case]
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "simdist", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0 if code is None else proc.returncode == code, proc.stderr[-3000:]
+    assert says in proc.stdout + proc.stderr
+    modules = _imported(proc.stderr)
+    assert "simdist.fuzz._cli" in modules  # the command's own module was reached
+    assert not _torch_modules(modules), sorted(_torch_modules(modules))[:10]
