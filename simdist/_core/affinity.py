@@ -36,7 +36,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["ENABLED", "Handoffs", "caller_mask", "restore", "start_with"]
 
@@ -108,8 +107,23 @@ _LOADAVG = "/proc/loadavg"
 # once per window, not once per run (opening and reading the file cost about
 # 40 us, as much as an empty 1-rank run's scheduler).
 _LOOK_S = 0.1
-# The last look: (path, fd or None, when, answer).
-_look: list[Any] = [None, None, -1.0, False]
+
+
+class _Look:
+    """The last look at the machine: which file, kept open (procfs makes its
+    text afresh at each read from offset 0), when, and what it said."""
+
+    __slots__ = ("answer", "fd", "lock", "path", "when")
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.fd: int | None = None
+        self.when = -float("inf")
+        self.answer = False
+        self.lock = threading.Lock()
+
+
+_look = _Look()
 
 
 def _machine_busy() -> bool:
@@ -117,23 +131,41 @@ def _machine_busy() -> bool:
     now (``/proc/loadavg``'s count of running threads, the caller's included;
     False where it cannot be read). Looked at when a run starts, at most once
     per ``_LOOK_S``: a busy machine gets no pins for that run."""
-    path, fd, when, answer = _look
-    now = time.monotonic()
-    if path == _LOADAVG and now - when < _LOOK_S:
-        return bool(answer)
+    look = _look
+    # Never waited for: a run starting while another looks (two callers at
+    # once) has a busy machine; a forked child whose copy of the lock stays
+    # taken only loses its pins.
+    if not look.lock.acquire(blocking=False):
+        return True
     try:
-        if path != _LOADAVG or fd is None:
-            if fd is not None:
-                os.close(fd)
-            _look[0], _look[1] = _LOADAVG, None
-            fd = _look[1] = os.open(_LOADAVG, os.O_RDONLY)
-        # procfs makes the file afresh at each read from offset 0.
-        running = os.pread(fd, 256, 0).split()[3].partition(b"/")[0]
-        answer = int(running) > 1
-    except (OSError, IndexError, ValueError):
-        answer = False
-    _look[2], _look[3] = now, answer
-    return answer
+        now = time.monotonic()
+        if look.path == _LOADAVG and now - look.when < _LOOK_S:
+            return look.answer
+        try:
+            if look.path != _LOADAVG or look.fd is None:
+                _forget(look)
+                look.path = _LOADAVG
+                look.fd = os.open(_LOADAVG, os.O_RDONLY)
+            running = os.pread(look.fd, 256, 0).split()[3].partition(b"/")[0]
+            answer = int(running) > 1
+        except OSError:
+            _forget(look)  # opened afresh at the next look
+            answer = False
+        except (IndexError, ValueError):
+            answer = False
+        look.when, look.answer = now, answer
+        return answer
+    finally:
+        look.lock.release()
+
+
+def _forget(look: _Look) -> None:
+    if look.fd is not None:
+        try:
+            os.close(look.fd)
+        except OSError:
+            pass
+    look.fd = None
 
 
 class Handoffs:

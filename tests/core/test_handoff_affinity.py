@@ -313,7 +313,7 @@ def test_back_to_back_runs_share_one_look_at_the_machine(
     """One look answers for ``_LOOK_S``: the file is not read again at every
     run start, and is once the window has passed (a machine that got busy is
     seen)."""
-    monkeypatch.undo()
+    monkeypatch.undo()  # the real _machine_busy, reading a file of ours
     fake = tmp_path / "loadavg"
     fake.write_text("0.41 0.30 0.22 1/212 4242\n")
     monkeypatch.setattr(affinity, "_LOADAVG", str(fake))
@@ -323,3 +323,26 @@ def test_back_to_back_runs_share_one_look_at_the_machine(
     assert affinity._machine_busy() is False  # the same look
     monkeypatch.setattr(affinity, "_LOOK_S", 0.0)
     assert affinity._machine_busy() is True  # looked again: the file is read afresh
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc")
+def test_a_look_never_waits_for_another_and_keeps_one_file_open(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs starting at once: the one that finds the other looking does
+    not wait for it and gets no pins (a machine with two callers is busy).
+    However often the file changes, one descriptor at most stays open."""
+    monkeypatch.undo()  # the real _machine_busy, reading files of ours
+    monkeypatch.setattr(affinity, "_LOOK_S", 0.0)
+    with affinity._look.lock:
+        assert affinity._machine_busy() is True
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(50):
+        fake = tmp_path / f"loadavg{i % 3}"
+        fake.write_text("0.41 0.30 0.22 1/212 4242\n")
+        monkeypatch.setattr(affinity, "_LOADAVG", str(fake))
+        assert affinity._machine_busy() is False
+    assert len(os.listdir("/proc/self/fd")) <= before + 1
+    fake.unlink()
+    monkeypatch.setattr(affinity, "_LOADAVG", str(tmp_path / "gone"))
+    assert affinity._machine_busy() is False and affinity._look.fd is None
