@@ -41,6 +41,13 @@ _last_seen: dict[str, tuple[Any, Any]] = {}
 _owner: RankStates | None = None
 
 
+def _rememberable(slot: _Slot) -> bool:
+    """Whether ``slot``'s snapshot may be kept for later runs: a generator's,
+    whose fingerprint covers the whole state (numpy's only where it reads the
+    cached Gaussian too)."""
+    return slot.name in _SNAPSHOTS and (slot.name != "numpy.random" or numpy_fingerprint_whole())
+
+
 def _aborted() -> Any:
     """This thread's run's abort (a nested run's caller is a rank of it)."""
     world = me.world
@@ -129,7 +136,7 @@ class RankStates:
         the process was last seen holding under the same fingerprint is
         taken as it is (read again only when the caller changed it)."""
         fingerprint = slot.fingerprint()
-        remembered = slot.name in _SNAPSHOTS and (slot.name != "numpy.random" or numpy_fingerprint_whole())
+        remembered = _rememberable(slot)
         if remembered and fingerprint is not None:
             seen = _last_seen.get(slot.name)
             if seen is not None and seen[0] == fingerprint:
@@ -144,7 +151,7 @@ class RankStates:
         """The process holds the caller's values again: what the next run's
         ``_caller_value`` may take (called with the hold held)."""
         for i, (slot, value) in enumerate(zip(self._slots, self._caller)):
-            if slot.name in _SNAPSHOTS and (slot.name != "numpy.random" or numpy_fingerprint_whole()):
+            if _rememberable(slot):
                 mark = self._mark(i, value, slot.fingerprint())
                 if mark is None:
                     _last_seen.pop(slot.name, None)
