@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -59,18 +59,15 @@ def _child(runs: int, worlds: list[int]) -> None:
     print(json.dumps(out))
 
 
-def _export(rev: str, into: Path) -> Path:
-    """``simdist/`` as of ``rev``, unpacked under ``into``."""
-    archive = into / "before.tar"
-    with open(archive, "wb") as fh:
-        done = subprocess.run(["git", "archive", rev, "simdist"], cwd=ROOT, stdout=fh, stderr=subprocess.PIPE)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"--before {rev}: git archive failed: {done.stderr.decode(errors='replace').strip()}"
-        )
-    with tarfile.open(archive) as tar:
-        tar.extractall(into / "tree", filter="data")
-    return into / "tree"
+def _export(rev: str) -> Path:
+    """``simdist/`` as of ``rev`` (scale.py's export, as the other ``--before`` benchmarks use)."""
+    from scale import export
+
+    try:
+        return export(rev)
+    except subprocess.CalledProcessError as exc:
+        detail = exc.stderr.decode(errors="replace").strip()
+        raise SystemExit(f"--before {rev}: git archive failed: {detail}") from None
 
 
 def _measure(label: str, tree: Path, runs: int, worlds: list[int]) -> dict[str, Any]:
@@ -126,8 +123,8 @@ def main() -> None:
         f"empty simdist.run, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start; "
         f"{opts.rounds} rounds x {opts.runs} runs per world"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        before_tree = _export(opts.before, Path(tmp))
+    before_tree = _export(opts.before)
+    try:
         trees = {now_label: ROOT, opts.before: before_tree}
         results: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
         for r in range(opts.rounds):
@@ -135,6 +132,8 @@ def main() -> None:
             for label in order:
                 results[label].append(_measure(label, trees[label], opts.runs, worlds))
             print(f"  round {r + 1} of {opts.rounds} done", file=sys.stderr)
+    finally:
+        shutil.rmtree(before_tree, ignore_errors=True)
     print()
     print(f"| world | wall, {opts.before} | wall, now | ratio | CPU, {opts.before} | CPU, now | ratio |")
     print("|---|---|---|---|---|---|---|")
