@@ -3,6 +3,7 @@ which thread got somewhere first)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import CollectiveMismatchError, DeadlockError, RankError, SimulationError, SimulationTimeout
@@ -36,25 +37,30 @@ def outcome(
     rank returned (None if it raised)."""
     sched = world.scheduler
     note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
-    tail = world.recorder.tail(None if world.world_size <= 16 else sorted(failures)) + world.call_site_notes()
     watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
 
+    def tail() -> str:
+        # Written only for an error: a run that succeeds (most of a test
+        # suite's) never formats its flight records.
+        recorded = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
+        return recorded + world.call_site_notes() + note
+
     if sched.deadlock is not None:
-        _fail(DeadlockError(f"{sched.deadlock}{watchdog}\n{tail}{note}"), failures, results, sched.deadlock)
+        _fail(DeadlockError(f"{sched.deadlock}{watchdog}\n{tail()}"), failures, results, sched.deadlock)
     mismatch = next((e for _, e in sched.recorded if isinstance(e, CollectiveMismatchError)), None)
     if mismatch is not None:
-        _fail(CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail}{note}"), failures, results, mismatch)
+        _fail(CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail()}"), failures, results, mismatch)
     if timed_out is not None:
-        _fail(SimulationTimeout(f"{timed_out}\n{tail}{note}"), failures, results)
-    _raise_rank_failures(world, results, failures, tail + note)
+        _fail(SimulationTimeout(f"{timed_out}\n{tail()}"), failures, results)
+    _raise_rank_failures(world, results, failures, tail)
     leftovers = sched.leftovers()
     if leftovers is not None:
-        _fail(DeadlockError(f"every rank returned, but {leftovers}\n{tail}{note}"), failures, results)
+        _fail(DeadlockError(f"every rank returned, but {leftovers}\n{tail()}"), failures, results)
     return results
 
 
 def _raise_rank_failures(
-    world: World, results: list[Any], failures: dict[int, BaseException], tail: str
+    world: World, results: list[Any], failures: dict[int, BaseException], tail: Callable[[], str]
 ) -> None:
     """A ``RankError`` for the ranks that failed of their own accord or caught
     a simdist error and went on; peers released by a failure are listed."""
@@ -77,10 +83,10 @@ def _raise_rank_failures(
         released = sorted(sched.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")
-        lines.append(tail)
+        lines.append(tail())
         everything = {**caught, **own}
         _fail(
             RankError("\n".join(lines), everything, released), failures, results, everything[min(everything)]
         )
     if failures:  # only released ranks: cannot happen, but never return silently
-        _fail(RankError(f"rank(s) {sorted(failures)} failed\n{tail}", failures), failures, results)
+        _fail(RankError(f"rank(s) {sorted(failures)} failed\n{tail()}", failures), failures, results)
