@@ -14,6 +14,7 @@ settings for a moment: it is for tests, never called by a run.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -56,12 +57,27 @@ TOGGLES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Getters torch deprecates (each call warns), read through the device-typed
+# getter that reads the same thread-local flag without a warning: a parked
+# thread's state is read at every rank's end, and silencing warnings there
+# (``warnings.catch_warnings``) cost most of the read and is not thread-safe.
+_QUIET_AUTOCAST = {
+    "is_autocast_cpu_enabled": "cpu",
+    "is_autocast_ipu_enabled": "ipu",
+    "is_autocast_xla_enabled": "xla",
+}
+
+
 def _resolved() -> list[Callable[[], Any]]:
-    getters = []
+    getters: list[Callable[[], Any]] = []
     for space, getter, _ in TOGGLES:
         found = getattr(NAMESPACES[space], getter, None)
-        if found is not None:  # a pair torch dropped reads as nothing (``missing`` names it)
-            getters.append(found)
+        if found is None:  # a pair torch dropped reads as nothing (``missing`` names it)
+            continue
+        device = _QUIET_AUTOCAST.get(getter) if space == "torch._C" else None
+        if device is not None:
+            found = functools.partial(torch._C.is_autocast_enabled, device)
+        getters.append(found)
     return getters
 
 
@@ -69,10 +85,9 @@ _GETTERS = _resolved()
 
 
 def read_toggles() -> tuple[Any, ...]:
-    """Every setting in ``TOGGLES`` as this thread reads it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the per-device autocast getters are deprecated, still read
-        return tuple(get() for get in _GETTERS)
+    """Every setting in ``TOGGLES`` as this thread reads it (no warning:
+    ``tests/isolation/test_torch_tls.py`` reads it with warnings as errors)."""
+    return tuple([get() for get in _GETTERS])
 
 
 def missing() -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import _threading_local
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +99,43 @@ def test_every_enumerated_setting_a_rank_flipped_reads_as_new_in_the_next_run() 
 
     got = _next_run(flip_all, torch_tls.read_toggles)
     assert got == [in_fresh_thread(as_a_new_rank_reads)] * WORLD
+
+
+def _flip_every_toggle() -> None:
+    for space, getter, setter in torch_tls.TOGGLES:
+        module = torch_tls.NAMESPACES[space]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                getattr(module, setter)(not getattr(module, getter)())
+        except Exception:
+            pass  # refused on this build
+
+
+@pytest.mark.parametrize("flipped", [False, True], ids=["as-new", "every-toggle-flipped"])
+def test_the_toggles_read_as_their_own_getters_do_and_warn_nothing(flipped: bool) -> None:
+    # read_toggles reads torch's deprecated autocast getters through the
+    # device-typed getter (no warning, no warnings.catch_warnings): it must
+    # read what each listed getter itself reads, in a thread where every
+    # setting is flipped too, and warn nothing (warnings are errors here).
+    def read_direct() -> tuple[Any, ...]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return tuple(getattr(torch_tls.NAMESPACES[s], g)() for s, g, _ in torch_tls.TOGGLES)
+
+    def read_both() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        if flipped:
+            _flip_every_toggle()
+        direct = read_direct()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            quiet = torch_tls.read_toggles()
+        return direct, quiet
+
+    direct, quiet = in_fresh_thread(read_both)
+    assert quiet == direct
+    if flipped:
+        assert direct != in_fresh_thread(read_direct)  # the flips took: the comparison means something
 
 
 @pytest.mark.parametrize("hook", ["trace", "profile"])
