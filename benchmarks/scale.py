@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -409,13 +410,17 @@ def measure(root: Path, kind: str, *args: int, timeout: float) -> dict[str, Any]
 def export(rev: str, paths: tuple[str, ...] = ("simdist",)) -> Path:
     """``paths`` of the checkout as of ``rev`` (all of it for ``()``), in a temporary folder."""
     folder = Path(tempfile.mkdtemp(prefix="simdist-before-"))
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, *paths], capture_output=True, check=True
-    ).stdout
-    archive_path = folder / "src.tar"
-    archive_path.write_bytes(archive)
-    with tarfile.open(archive_path) as tar:
-        tar.extractall(folder)
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev, *paths], capture_output=True, check=True
+        ).stdout
+        archive_path = folder / "src.tar"
+        archive_path.write_bytes(archive)
+        with tarfile.open(archive_path) as tar:
+            tar.extractall(folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # an unknown revision leaves nothing behind
+        raise
     return folder
 
 
