@@ -27,7 +27,10 @@ installed) and once on torch's threaded process group (uninstalled), in
 alternating order, so both see the same load. Printed: the best of
 ``--repeats`` class runs and the spread (median and slowest over best), the
 first run of each (where the child's imports and simdist's thread pool
-start), and the load average before and after. ``--calls`` counts the Python
+start), and the load average before and after. A third way runs in the same
+alternation: the adapter with its runs under ``schedule="concurrent"``, which
+swaps no per-rank state and does not serialise the ranks; it shows what the
+rest of simdist costs per test. ``--calls`` counts the Python
 function calls (and builtin calls) per test in every thread, simdist's split
 by where they run (the adapter, the engine's rooms, torch's harness): counts,
 unlike times, do not depend on the machine's load.
@@ -164,13 +167,28 @@ def _run_class(cls: type, names: list[str]) -> tuple[float, dict[str, str]]:
     return time.perf_counter() - start, verdicts
 
 
+_RUN: list[Any] = []  # the adapter's simdist.run, as installed (set by the first _in_mode)
+
+
 def _in_mode(mode: str) -> None:
+    """``simdist``: the adapter as users get it. ``concurrent``: the adapter
+    with its runs under ``schedule="concurrent"`` (set here, a benchmark's
+    instrument, not an option the adapter offers): no per-rank state is
+    swapped and ranks are not serialised, so it is the rest of simdist's cost
+    per test, what is left with those two taken out. ``threaded``: torch's
+    own threaded process group."""
+    import functools
+
     from simdist import torch_compat
 
-    if mode == "simdist":
-        torch_compat.install()
-    else:
+    if not _RUN:
+        _RUN.append(torch_compat.simdist_run)
+    if mode == "threaded":
         torch_compat.uninstall()
+        return
+    torch_compat.install()
+    run = _RUN[0]
+    torch_compat.simdist_run = run if mode == "simdist" else functools.partial(run, schedule="concurrent")
 
 
 def side_by_side(repeats: int, out: str) -> None:
@@ -181,12 +199,13 @@ def side_by_side(repeats: int, out: str) -> None:
     report: dict[str, dict] = {"load_before": os.getloadavg()[0]}
     for label, pair in _threaded_pairs().items():
         names = unittest.TestLoader().getTestCaseNames(pair[0])
-        row: dict[str, Any] = {"n": len(names), "times": {"simdist": [], "threaded": []}, "verdicts": {}}
+        modes = ("simdist", "threaded", "concurrent")
+        row: dict[str, Any] = {"n": len(names), "times": {m: [] for m in modes}, "verdicts": {}}
         for rep in range(repeats + 1):  # the first is each way's first run, reported apart
-            order = ("simdist", "threaded") if rep % 2 == 0 else ("threaded", "simdist")
+            order = modes if rep % 2 == 0 else modes[::-1]
             for mode in order:
                 _in_mode(mode)
-                seconds, verdicts = _run_class(pair[0] if mode == "simdist" else pair[1], names)
+                seconds, verdicts = _run_class(pair[1] if mode == "threaded" else pair[0], names)
                 if rep == 0:
                     row.setdefault("first", {})[mode] = seconds
                 else:
@@ -323,6 +342,7 @@ def print_side_by_side(repeats: int) -> None:
         "| threaded PG / simdist, best | first run ms, simdist / threaded PG | verdicts |"
     )
     print("|---|---|---|---|---|---|---|")
+    floors = []
     for label, row in report.items():
         if not isinstance(row, dict):
             continue
@@ -337,10 +357,23 @@ def print_side_by_side(repeats: int) -> None:
         verdicts = f"same ({shown})" if same else f"DIFFER: {row['verdicts']}"
         first = f"{_ms(row['first']['simdist'])} / {_ms(row['first']['threaded'])}"
         print(f"| {label} | {row['n']} | {cells[0]} | {cells[1]} | {ratio:.2f}x | {first} | {verdicts} |")
+        concurrent = min(row["times"]["concurrent"])
+        floors.append(
+            f"| {label} | {_ms(concurrent)} | {min(row['times']['threaded']) / concurrent:.2f}x "
+            f"| {row['verdicts']['concurrent'] == row['verdicts']['threaded']} |"
+        )
     print(
         "  (median and slowest are over the best; a ratio above 1.00x: simdist faster. The first runs "
         "include what the child does once: imports, simdist's thread pool.)"
     )
+    print(
+        '\nThe same classes with the adapter\'s runs under schedule="concurrent" (in the same '
+        "alternation): no per-rank state swapped, ranks not serialised; what simdist costs per test "
+        "without those two.\n"
+    )
+    print("| class | best ms | threaded PG / this, best | same verdicts |")
+    print("|---|---|---|---|")
+    print("\n".join(floors))
 
 
 def print_calls(repeats: int) -> None:
