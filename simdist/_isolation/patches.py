@@ -64,7 +64,7 @@ _ABSENT = "<absent>"
 class Patch:
     """One process-wide change: how to make it and undo it, what it replaces, and how many use it."""
 
-    __slots__ = ("changes", "install", "name", "peel", "put", "uninstall", "users")
+    __slots__ = ("changes", "install", "name", "peel", "put", "spaces", "uninstall", "users")
 
     def __init__(
         self,
@@ -78,6 +78,9 @@ class Patch:
         self.install = install
         self.uninstall = uninstall
         self.changes = tuple(changes)
+        # Each place's own namespace, live (a module's dict, a class's
+        # mappingproxy), looked up once: read at every set-up and take-down.
+        self.spaces = tuple((vars(owner), attribute) for owner, attribute in self.changes)
         self.peel = peel
         self.put: list[object] = []  # what each place held once installed
         self.users = 0
@@ -85,13 +88,13 @@ class Patch:
     def set_up(self) -> None:
         self.install()
         # What each place holds, read from its own namespace (not what a class inherits).
-        self.put = [vars(owner).get(attribute, _ABSENT) for owner, attribute in self.changes]
+        self.put = [space.get(attribute, _ABSENT) for space, attribute in self.spaces]
 
     def take_down(self) -> None:
         """Uninstall; a place somebody else changed since keeps their value."""
         theirs = []
-        for (owner, attribute), put in zip(self.changes, self.put):
-            now = vars(owner).get(attribute, _ABSENT)
+        for (owner, attribute), (space, _), put in zip(self.changes, self.spaces, self.put):
+            now = space.get(attribute, _ABSENT)
             if now is put or now is _ABSENT or isinstance(now, list):
                 continue  # ours, or a list (a patch takes out only its own items)
             found = now if self.peel is None else self.peel(owner, attribute, now)
