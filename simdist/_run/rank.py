@@ -158,7 +158,11 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     (a process's exit would kill them), and fail with what a helper raised.
     A rank that failed (``failure``) stops all its helpers. A helper that
     cannot be stopped is reported by name and stack: as the rank's failure,
-    or as a note on the failure it already has."""
+    or as a note on the failure it already has. Once per rank: the failure
+    this raises (a helper left running, a helper's error) is the rank's, and
+    its failure path calls this again; the helpers are already dealt with."""
+    if rank in world.helpers_ended:
+        return
     scheduler = world.scheduler
     helpers.shut_down_pools(scheduler, rank, failed=failure is not None)
     if failure is None:
@@ -177,6 +181,7 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     while left and time.monotonic() < grace:
         time.sleep(0.005)
         left = scheduler.live_helpers(rank)
+    world.helpers_ended.add(rank)
     if left:
         helpers.forget_at_exit({h.thread_id for h in left if h.thread_id is not None})
         report = _unstoppable_helpers(rank, left, failure is None)

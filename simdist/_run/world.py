@@ -67,6 +67,10 @@ class World(CallHooks):
         # Exceptions that escaped a rank's helper threads, per rank: the rank
         # fails with the first once its body has returned (never swallowed).
         self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}
+        # Ranks whose helpers have been waited for, stopped and reported: the
+        # error that report raises must not send the rank's failure path
+        # through the same wait and report again.
+        self.helpers_ended: set[int] = set()
 
     def helper_failed(self, rank: int, name: str, exc: BaseException) -> None:
         with self._groups_lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -212,6 +213,41 @@ def test_a_helper_that_cannot_be_stopped_is_reported_by_name(monkeypatch: pytest
         blocker.set()
     # A later run is unaffected.
     assert simdist.run(lambda ctx: _all_reduce_world(1.0), world_size=2, timeout=TIMEOUT) == [2.0, 2.0]
+
+
+def test_a_helper_that_cannot_be_stopped_is_waited_for_and_reported_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The report a returned rank raises for a helper it left running is the
+    # rank's failure; its failure path used to wait the grace out again and
+    # add the same report as a note ("body failed"), so the cause's
+    # traceback named the helper twice and the run took two graces.
+    import simdist._run.rank as rank_module
+
+    monkeypatch.setattr(simdist._run.watchdog, "GRACE_S", 0.3)
+    reports: list[int] = []
+    real = rank_module._unstoppable_helpers
+
+    def counted(rank: int, left: Any, returned: bool) -> str:
+        reports.append(rank)
+        return real(rank, left, returned)
+
+    monkeypatch.setattr(rank_module, "_unstoppable_helpers", counted)
+    blocker = threading.Event()
+    try:
+        with pytest.raises(simdist.RankError) as info:
+            simdist.run(
+                daemon_blocked_in_c_body, world_size=2, timeout=TIMEOUT, args=(blocker,), share_args=True
+            )
+    finally:
+        blocker.set()
+    cause = info.value.__cause__
+    assert isinstance(cause, simdist.SimulationError)
+    assert reports == [1]
+    assert getattr(cause, "__notes__", []) == []
+    shown = "".join(traceback.format_exception(cause))
+    assert shown.count("could not be stopped") == 1 and shown.count("c-blocked-helper") == 1
+    assert "body returned" in shown
 
 
 MAIN = threading.main_thread().ident
