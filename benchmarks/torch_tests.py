@@ -39,6 +39,7 @@ unlike times, do not depend on the machine's load.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -177,8 +178,6 @@ def _in_mode(mode: str) -> None:
     swapped and ranks are not serialised, so it is the rest of simdist's cost
     per test, what is left with those two taken out. ``threaded``: torch's
     own threaded process group."""
-    import functools
-
     from simdist import torch_compat
 
     if not _RUN:

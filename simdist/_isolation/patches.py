@@ -80,7 +80,7 @@ class Patch:
         self.changes = tuple(changes)
         # Each place's own namespace, live (a module's dict, a class's
         # mappingproxy), looked up once: read at every set-up and take-down.
-        self.spaces = tuple((vars(owner), attribute) for owner, attribute in self.changes)
+        self.spaces = tuple((owner, vars(owner), attribute) for owner, attribute in self.changes)
         self.peel = peel
         self.put: list[object] = []  # what each place held once installed
         self.users = 0
@@ -88,12 +88,12 @@ class Patch:
     def set_up(self) -> None:
         self.install()
         # What each place holds, read from its own namespace (not what a class inherits).
-        self.put = [space.get(attribute, _ABSENT) for space, attribute in self.spaces]
+        self.put = [space.get(attribute, _ABSENT) for _, space, attribute in self.spaces]
 
     def take_down(self) -> None:
         """Uninstall; a place somebody else changed since keeps their value."""
         theirs = []
-        for (owner, attribute), (space, _), put in zip(self.changes, self.spaces, self.put):
+        for (owner, space, attribute), put in zip(self.spaces, self.put):
             now = space.get(attribute, _ABSENT)
             if now is put or now is _ABSENT or isinstance(now, list):
                 continue  # ours, or a list (a patch takes out only its own items)

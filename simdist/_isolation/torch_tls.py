@@ -85,8 +85,9 @@ _GETTERS = _resolved()
 
 
 def read_toggles() -> tuple[Any, ...]:
-    """Every setting in ``TOGGLES`` as this thread reads it (no warning:
-    ``tests/isolation/test_torch_tls.py`` reads it with warnings as errors)."""
+    """Every setting in ``TOGGLES`` as this thread reads it, warning nothing
+    (``tests/isolation/test_thread_reuse_round4.py`` reads it with warnings
+    as errors, against each listed getter)."""
     return tuple([get() for get in _GETTERS])
 
 

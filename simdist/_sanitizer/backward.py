@@ -19,27 +19,33 @@ import torch.autograd.graph
 from .._isolation import patches
 
 _original: list[Any] = []
-# The wrapper last built, by the function it wraps: every run installs the
-# patch again, and building it (``functools.wraps``) is most of the install.
-_built: dict[str, Any] = {}
+
+
+# The wrapper last built, with what it wraps: every run installs the patch
+# again, and building the wrapper (``functools.wraps``) was most of the
+# install. Matched by identity (whatever sits there may not be hashable).
+_built: list[tuple[Any, Any, Callable[..., Any]]] = []
+
+
+def _wrapper(original: Callable[..., Any], resync: Callable[[], None]) -> Callable[..., Any]:
+    if _built and _built[0][0] is original and _built[0][1] is resync:
+        return _built[0][2]
+
+    @functools.wraps(original)
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            resync()
+
+    _built[:] = [(original, resync, run_backward)]
+    return run_backward
 
 
 def _install(resync: Callable[[], None]) -> None:
     original = torch.autograd.graph._engine_run_backward
     _original.append(original)
-    if _built.get("original") is original and _built.get("resync") is resync:
-        run_backward = _built["wrapper"]
-    else:
-
-        @functools.wraps(original)
-        def run_backward(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return original(*args, **kwargs)
-            finally:
-                resync()
-
-        _built.update(original=original, resync=resync, wrapper=run_backward)
-
+    run_backward = _wrapper(original, resync)
     torch.autograd.graph._engine_run_backward = run_backward
     torch.autograd._engine_run_backward = run_backward  # its own import of it
 

@@ -83,33 +83,25 @@ def test_a_thread_local_torch_setting_a_rank_left_changed_is_new_in_the_next_run
     assert _next_run(lambda: put(not fresh), get) == [fresh] * WORLD
 
 
-def test_every_enumerated_setting_a_rank_flipped_reads_as_new_in_the_next_run() -> None:
-    def flip_all() -> None:
-        for space, getter, setter in torch_tls.TOGGLES:
-            module = torch_tls.NAMESPACES[space]
-            try:
-                getattr(module, setter)(not getattr(module, getter)())
-            except Exception:
-                pass  # refused on this build
-
-    def as_a_new_rank_reads() -> tuple[Any, ...]:
-        # A rank body runs with autograd's multithreading off (_run/rank.py).
-        with torch.autograd.set_multithreading_enabled(False):
-            return torch_tls.read_toggles()
-
-    got = _next_run(flip_all, torch_tls.read_toggles)
-    assert got == [in_fresh_thread(as_a_new_rank_reads)] * WORLD
-
-
 def _flip_every_toggle() -> None:
     for space, getter, setter in torch_tls.TOGGLES:
         module = torch_tls.NAMESPACES[space]
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+                warnings.simplefilter("ignore")  # the per-device autocast pairs are deprecated
                 getattr(module, setter)(not getattr(module, getter)())
         except Exception:
             pass  # refused on this build
+
+
+def test_every_enumerated_setting_a_rank_flipped_reads_as_new_in_the_next_run() -> None:
+    def as_a_new_rank_reads() -> tuple[Any, ...]:
+        # A rank body runs with autograd's multithreading off (_run/rank.py).
+        with torch.autograd.set_multithreading_enabled(False):
+            return torch_tls.read_toggles()
+
+    got = _next_run(_flip_every_toggle, torch_tls.read_toggles)
+    assert got == [in_fresh_thread(as_a_new_rank_reads)] * WORLD
 
 
 @pytest.mark.parametrize("flipped", [False, True], ids=["as-new", "every-toggle-flipped"])
