@@ -19,7 +19,7 @@ from ..stats import DraftLossStats
 from .batch import CotrainBatch
 from .config import CotrainConfig
 from .groups import ParallelGroups
-from .parameters import layers_of_stage, rank_parameters
+from .parameters import layers_of_stage, rank_parameters, tp_shard_range
 from .tp_layers import copy_to_tp, reduce_from_tp, vocab_parallel_cross_entropy
 
 
@@ -44,12 +44,15 @@ class StageModel:
     def __init__(self, config: CotrainConfig, groups: ParallelGroups) -> None:
         tp_size, tp_rank = groups.size("tp"), groups.rank("tp")
         for name, size in (("vocab_size", config.vocab_size), ("ffn_size", config.ffn_size)):
-            if size % tp_size:
+            # Shards may differ in size (tp_shard_range), but none may be empty:
+            # a rank without a vocabulary row has no logits to normalise.
+            if size < tp_size:
                 raise ValueError(
-                    f"CotrainWorker: {name} ({size}) must be divisible by the TP size ({tp_size})"
+                    f"CotrainWorker: {name} ({size}) must be at least the TP size ({tp_size}), "
+                    "so that every TP rank holds a shard"
                 )
         self.config = config
-        self.vocab_start = tp_rank * (config.vocab_size // tp_size)
+        self.vocab_start, _ = tp_shard_range(config.vocab_size, tp_rank, tp_size)
         self.stage, self.num_stages = groups.rank("pp"), groups.size("pp")
         self.is_first, self.is_last = self.stage == 0, self.stage == self.num_stages - 1
         self.layers = layers_of_stage(config.num_layers, self.stage, self.num_stages)

@@ -83,6 +83,18 @@ def _initial_parameters(
     }
 
 
+def tp_shard_range(size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """``[start, stop)`` of TP rank ``tp_rank``'s shard of a dimension of ``size``.
+
+    Shards may differ in size, as real vocabularies (50257 over 4 ranks) make
+    them: the first ``size % tp_size`` ranks hold one more row, as
+    ``torch.tensor_split`` splits (for a size that divides, the even split).
+    """
+    base, extra = divmod(size, tp_size)
+    start = tp_rank * base + min(tp_rank, extra)
+    return start, start + base + (1 if tp_rank < extra else 0)
+
+
 def layers_of_stage(num_layers: int, stage: int, num_stages: int) -> range:
     """Contiguous layers of one PP stage; earlier stages take the remainder."""
     base, extra = divmod(num_layers, num_stages)
@@ -101,7 +113,8 @@ def rank_parameters(
             continue
         value = full[name]
         if placement.shard_dim is not None:
-            value = value.chunk(tp_size, dim=placement.shard_dim)[tp_rank]
+            start, stop = tp_shard_range(value.shape[placement.shard_dim], tp_rank, tp_size)
+            value = value.narrow(placement.shard_dim, start, stop - start)
         param = torch.nn.Parameter(value.to(config.dtype).contiguous())
         tag_parameter(param, placement.group, tensor_parallel=placement.shard_dim is not None)
         params[name] = param

@@ -195,3 +195,33 @@ def test_gradient_transformations_run_in_the_contracted_order(monkeypatch):
         local_batch(make_global_batch("uneven", 1, config), 0), mode="split", num_microbatches=3
     )
     assert calls == ["scale", "correct", "norms", "clip", "optimizer", "commit"]
+
+
+# ------------------------------------------------------ uneven TP shards
+
+
+@pytest.mark.parametrize(
+    "layout, overrides",
+    [
+        (Layout(tp=5), {"vocab_size": 23, "ffn_size": 12}),  # shards 5,5,5,4,4 and 3,3,2,2,2
+        (Layout(tp=3, dp=2, pp=2), {"vocab_size": 7, "ffn_size": 8}),
+        (Layout(tp=8), {"vocab_size": 8, "ffn_size": 9}),  # one vocabulary row a rank
+    ],
+    ids=str,
+)
+def test_vocabularies_and_ffn_widths_that_do_not_divide_by_tp_shard_unevenly(layout, overrides):
+    # Real vocabularies (50257 over 4 ranks) do not divide; the first ranks take the remainder.
+    check_parity(layout, config_for(**overrides), "uneven", 2)
+
+
+def _too_small_vocab_body(ctx):
+    try:
+        CotrainWorker(config_for(vocab_size=3), groups_of(ctx))
+    except ValueError as exc:
+        return str(exc)
+    return "constructed"
+
+
+def test_a_vocabulary_smaller_than_tp_is_refused_on_every_rank():
+    results = simdist.run(_too_small_vocab_body, layout=Layout(tp=4), timeout=60.0)
+    assert all("vocab_size (3) must be at least the TP size (4)" in r for r in results), results
