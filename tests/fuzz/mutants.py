@@ -329,7 +329,15 @@ def validation_not_agreed() -> Undo:
 
 
 def apply(name: str) -> Undo:
-    """Applies the mutant called ``name``; returns its undo."""
+    """Applies the mutant called ``name``; returns its undo.
+
+    ``FILE.py:NAME`` applies mutant ``NAME`` of another catalogue, a Python
+    file with a ``MUTANTS`` dict of the same kind as this one's: a set of
+    mutants kept out of this repository, so that nobody tunes the campaign
+    to them, is measured through the same switch."""
+    path, sep, inner = name.rpartition(":")
+    if sep and path.endswith(".py"):
+        return _external_catalogue(path)(inner)()
     try:
         mutant = MUTANTS[name]
     except KeyError:
@@ -337,6 +345,28 @@ def apply(name: str) -> Undo:
             f"unknown draft_loss mutant {name!r}; valid names: {', '.join(sorted(MUTANTS))}"
         ) from None
     return mutant()
+
+
+def _external_catalogue(path: str) -> Callable[[str], Callable[[], Undo]]:
+    import importlib.util
+
+    file = os.path.abspath(path)
+    if not os.path.isfile(file):
+        raise ValueError(f"{ENV_VAR}: no mutant catalogue at {path!r} (FILE.py:NAME names a file)")
+    spec = importlib.util.spec_from_file_location("draft_loss_external_mutants", file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    catalogue: dict[str, Callable[[], Undo]] = getattr(module, "MUTANTS", {})
+
+    def find(inner: str) -> Callable[[], Undo]:
+        if inner not in catalogue:
+            raise ValueError(
+                f"unknown draft_loss mutant {inner!r} in {path}; valid names: {', '.join(sorted(catalogue))}"
+            )
+        return catalogue[inner]
+
+    return find
 
 
 @contextlib.contextmanager
