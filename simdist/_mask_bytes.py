@@ -82,8 +82,12 @@ def decode_row(
     return [value * scale for value in row]
 
 
-def distribution_bytes(ranks: int, microbatches: int, high_rows: int) -> int:
-    return ranks * (DISTRIBUTION_HEADER_BYTES + microbatches * (1 + high_rows * ROW_BYTES))
+def distribution_bytes(ranks: int, microbatches: int, high_rows: int, remainders: bool = False) -> int:
+    # With remainders a rank has one more header byte (how many microbatches
+    # take an extra row) and room for that extra row in every microbatch.
+    header = DISTRIBUTION_HEADER_BYTES + (1 if remainders else 0)
+    slots = high_rows + (1 if remainders else 0)
+    return ranks * (header + microbatches * (1 + slots * ROW_BYTES))
 
 
 def decode_distribution(
@@ -97,8 +101,13 @@ def decode_distribution(
     fractional: bool,
     scales: Sequence[float],
     long: bool,
+    remainders: bool = False,
 ) -> list[list[list[list[float]]]]:
-    """``masks[rank][microbatch][row][position]`` from ``distribution_bytes(...)`` bytes."""
+    """``masks[rank][microbatch][row][position]`` from ``distribution_bytes(...)`` bytes.
+
+    With ``remainders``, a rank's first microbatches may hold one row more than
+    the others, as ``torch.tensor_split`` splits rows that do not divide by the
+    microbatch count (the byte 0 is no remainder: the simplest)."""
     # Long rows are drawn for their counts: masked less often (a quarter, not
     # half, of ranks and microbatches), so the DP sum passes 256 often.
     masked_from = 192 if long else 128
@@ -107,20 +116,23 @@ def decode_distribution(
     for _ in range(ranks):
         rows = low_rows + _below(blob[at], high_rows - low_rows + 1)
         rank_masked = blob[at + 1] >= masked_from
-        at += DISTRIBUTION_HEADER_BYTES
+        extra = _below(blob[at + 2], microbatches) if remainders else 0
+        at += DISTRIBUTION_HEADER_BYTES + (1 if remainders else 0)
+        slots = high_rows + (1 if remainders else 0)
         per_rank = []
-        for _ in range(microbatches):
+        for k in range(microbatches):
             micro_masked = blob[at] >= masked_from
             at += 1
+            micro_rows = rows + (1 if k < extra else 0)
             # Every row's bytes are read, used or not, so a byte means the same
             # thing whatever the draws before it (the shrinker keeps alignment).
             micro = [
                 decode_row(blob, at + i * ROW_BYTES, seq_len, long=long, fractional=fractional, scales=scales)
-                for i in range(rows)
+                for i in range(micro_rows)
             ]
-            at += high_rows * ROW_BYTES
+            at += slots * ROW_BYTES
             if rank_masked or micro_masked:
-                micro = [[0.0] * seq_len for _ in range(rows)]
+                micro = [[0.0] * seq_len for _ in range(micro_rows)]
             per_rank.append(micro)
         out.append(per_rank)
     return out

@@ -25,10 +25,13 @@ __all__ = [
     "BF16_EXACT_INTEGERS",
     "DTYPE_NAMES",
     "FUZZ_FAULT_KINDS",
+    "LAYOUT_WEIGHTINGS",
     "MASK_ROW_KINDS",
     "MASK_SCALES",
     "REDUCTION_NAMES",
+    "SWARM_ENV",
     "WEIGHT_VALUES",
+    "Features",
     "ProbeFault",
     "ReductionChoice",
     "bin_weights",
@@ -43,9 +46,53 @@ __all__ = [
     "probe_faults",
     "reductions",
     "sequence_lengths",
+    "swarm",
+    "swarm_enabled",
     "token_distributions",
     "token_masks",
 ]
+
+
+SWARM_ENV = "SIMDIST_FUZZ_SWARM"
+
+
+class Features(frozenset[str]):
+    """The features a swarm-tested case may use (``swarm`` draws them)."""
+
+    def on(self, name: str) -> bool:
+        return name in self
+
+
+def swarm_enabled() -> bool:
+    """False when ``SIMDIST_FUZZ_SWARM=0`` (every case then keeps every feature on)."""
+    raw = os.environ.get(SWARM_ENV, "1").strip()
+    if raw not in ("0", "1", ""):
+        raise ValueError(f"{SWARM_ENV} must be 0 or 1, got {raw!r}")
+    return raw != "0"
+
+
+def swarm(features: Sequence[str]) -> st.SearchStrategy[Features]:
+    """Swarm testing (Groce et al., "Swarm testing", ISSTA 2012): each case
+    switches a random subset of ``features`` off, so that a bug one feature
+    shows is not masked by another feature's noise (a fault that aborts the
+    step before the remainder microbatch runs, clipping that rescales away a
+    wrong gradient). Each feature is on in about half the cases, drawn
+    independently; a failure shrinks towards every feature off, so the shrunk
+    case names the features the bug needs. ``SIMDIST_FUZZ_SWARM=0`` keeps
+    every feature on in every case (the draws are made all the same), to
+    measure what swarm testing adds."""
+    names = tuple(features)
+    if not names or len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"swarm: features must be distinct names, got {list(names)!r}")
+    return _swarm(names)
+
+
+@st.composite
+def _swarm(draw: st.DrawFn, names: tuple[str, ...]) -> Features:
+    chosen = [draw(st.booleans()) for _ in names]
+    if not swarm_enabled():
+        return Features(names)
+    return Features(name for name, on in zip(names, chosen) if on)
 
 
 def campaign_max_world_size(default: int | None = None) -> int | None:
@@ -64,6 +111,7 @@ def layouts(
     max_world_size: int = 8,
     axes: Sequence[str] = ("tp", "dp", "pp"),
     max_degree: int | None = None,
+    weighting: str = "world",
 ) -> st.SearchStrategy[Layout]:
     """Layouts whose degrees along ``axes`` multiply to at most ``max_world_size``
     (other axes stay 1), each degree in ``1..max_degree`` (by default any degree the
@@ -80,7 +128,16 @@ def layouts(
     tests/fuzz_runner/test_strategies_fuzz.py measures it). Pass
     ``axes=("tp", "cp", "dp", "pp")`` to draw context parallelism too. Shrinks
     towards a single rank, then towards the smallest degrees, first axis first,
-    also when several draws are composed."""
+    also when several draws are composed.
+
+    ``weighting="cost"`` spends a campaign's budget on distinct layouts
+    rather than on the largest worlds (which are the slowest and the most
+    numerous): one axis, drawn uniformly, takes any degree in
+    ``1..max_degree`` uniformly, and every other axis a small one (1 in most
+    draws, up to 4), so each axis reaches its degrees of 5 and more in
+    several percent of draws (tests/fuzz_runner/test_strategies_reach.py
+    measures it) while the median world stays a few times the focus degree. Each degree is its own integer draw,
+    so a failure shrinks to the smallest failing degree of each axis."""
     for axis in axes:
         if axis not in AXES:
             raise ValueError(f"unknown axis {axis!r}; expected some of {AXES}")
@@ -88,9 +145,35 @@ def layouts(
         raise ValueError(f"layouts: axes must name each axis once, got {tuple(axes)!r}")
     if not is_int(max_world_size, 1) or (max_degree is not None and not is_int(max_degree, 1)):
         raise ValueError(f"max_world_size and max_degree must be >= 1, got {max_world_size}, {max_degree}")
+    if weighting not in LAYOUT_WEIGHTINGS:
+        raise ValueError(f"layouts: weighting must be one of {LAYOUT_WEIGHTINGS}, got {weighting!r}")
     bound = min(max_world_size, campaign_max_world_size(max_world_size) or max_world_size)
     degree = bound if max_degree is None else min(max_degree, bound)
+    if weighting == "cost":
+        return _cost_layouts(tuple(axes), bound, degree)
     return _layouts(_factorisations(bound, len(axes), degree), tuple(axes))
+
+
+LAYOUT_WEIGHTINGS: tuple[str, ...] = ("world", "cost")
+# The degrees of the axes beside the focus axis of a cost-weighted layout,
+# simplest first: mostly 1, so a world costs a few times its focus degree.
+_SIDE_DEGREES: tuple[int, ...] = (1, 1, 1, 2, 2, 3, 4)
+
+
+@st.composite
+def _cost_layouts(draw: st.DrawFn, axes: tuple[str, ...], bound: int, max_degree: int) -> Layout:
+    # Every draw is made whatever the values (the same choices in every case).
+    focus = draw(st.integers(0, len(axes) - 1))
+    focus_degree = draw(st.integers(1, max_degree))
+    side = [min(max_degree, draw(st.sampled_from(_SIDE_DEGREES))) for _ in axes]
+    degrees = [focus_degree if i == focus else side[i] for i in range(len(axes))]
+    # Over the world bound: the side axes give way first, last axis first,
+    # then the focus degree itself.
+    for i in reversed(range(len(axes))):
+        while i != focus and degrees[i] > 1 and math.prod(degrees) > bound:
+            degrees[i] -= 1
+    degrees[focus] = min(degrees[focus], bound)
+    return Layout(**dict(zip(axes, degrees)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -271,14 +354,18 @@ def token_distributions(
     *,
     rows_per_microbatch: tuple[int, int] = (1, 2),
     fractional: bool = True,
+    remainders: bool = False,
 ) -> st.SearchStrategy[list[list[list[list[float]]]]]:
     """Token masks per data-parallel rank and microbatch: ``masks[rank][microbatch][row][position]``.
 
     Each rank draws its own number of rows per microbatch (so ranks hold
     different numbers of rows and tokens), and may be all masked; each
-    microbatch may be all masked; rows are drawn by ``mask_rows``. Shrinks
-    towards one row per microbatch, fully valid 0/1 masks. Draw ``seq_len``
-    from ``sequence_lengths()`` to get counts past bfloat16's exact integers.
+    microbatch may be all masked; rows are drawn by ``mask_rows``. With
+    ``remainders``, a rank's first microbatches may hold one row more than its
+    others (its rows do not divide by the microbatch count; ``tensor_split``
+    gives the microbatches back). Shrinks towards one row per microbatch, no
+    remainder, fully valid 0/1 masks. Draw ``seq_len`` from
+    ``sequence_lengths()`` to get counts past bfloat16's exact integers.
     """
     for name, value, low in (("ranks", ranks, 1), ("microbatches", microbatches, 1), ("seq_len", seq_len, 1)):
         if not is_int(value, low):
@@ -289,12 +376,14 @@ def token_distributions(
             f"token_distributions: rows_per_microbatch must be (low, high) with 1 <= low <= high, "
             f"got {rows_per_microbatch!r}"
         )
-    if ranks * microbatches * high_rows > _mask_bytes.MAX_ROWS:
+    slots = high_rows + (1 if remainders else 0)
+    if ranks * microbatches * slots > _mask_bytes.MAX_ROWS:
         raise ValueError(
             f"token_distributions: ranks * microbatches * rows_per_microbatch[1] = "
-            f"{ranks * microbatches * high_rows} rows, more than the {_mask_bytes.MAX_ROWS} one Hypothesis case can hold"
+            f"{ranks * microbatches * slots} rows, more than the {_mask_bytes.MAX_ROWS} one Hypothesis case "
+            f"can hold{' (with remainders, a microbatch has room for one row more)' if remainders else ''}"
         )
-    return _token_distributions(ranks, microbatches, seq_len, low_rows, high_rows, fractional)
+    return _token_distributions(ranks, microbatches, seq_len, low_rows, high_rows, fractional, remainders)
 
 
 @st.composite
@@ -306,10 +395,11 @@ def _token_distributions(
     low_rows: int,
     high_rows: int,
     fractional: bool,
+    remainders: bool,
 ) -> list[list[list[list[float]]]]:
     # One drawn byte string, decoded: the case makes one choice whatever its
     # number of ranks, microbatches and rows (simdist/_mask_bytes.py says why).
-    size = _mask_bytes.distribution_bytes(ranks, microbatches, high_rows)
+    size = _mask_bytes.distribution_bytes(ranks, microbatches, high_rows, remainders)
     return _mask_bytes.decode_distribution(
         draw(st.binary(min_size=size, max_size=size)),
         ranks=ranks,
@@ -320,6 +410,7 @@ def _token_distributions(
         fractional=fractional,
         scales=MASK_SCALES,
         long=seq_len > _RANDOM_PATTERN,
+        remainders=remainders,
     )
 
 
