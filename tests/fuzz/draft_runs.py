@@ -79,13 +79,14 @@ def run_valid(
     mismatch, a timeout) fails the case as property 5."""
     config = case.config()
     try:
-        per_rank = simdist.run(
-            body,
-            layout=case.layout,
-            args=(case, config, case.batches(), tuple(modes)),
-            timeout=RUN_TIMEOUT_S,
-            **case.reduction_choice.run_kwargs(),
-        )
+        with case.blocks():
+            per_rank = simdist.run(
+                body,
+                layout=case.layout,
+                args=(case, config, case.batches(), tuple(modes)),
+                timeout=RUN_TIMEOUT_S,
+                **case.reduction_choice.run_kwargs(),
+            )
     except simdist.SimulationError as error:
         cause = error.__cause__
         raise AssertionError(
@@ -143,7 +144,7 @@ def agreed_representatives(case: DraftCase, results_by_mode: Mapping[str, list[S
 def check_updates(
     case: DraftCase, results: list[StepResult], reference: Any, ranks: Iterable[int] | None = None
 ) -> float:
-    """float32: each rank's applied update (parameters after minus before) equals
+    """float32 and float64: each rank's applied update (parameters after minus before) equals
     the reference's, judged at the scale of the update, not of the parameters.
 
     The parameters themselves are compared at their own scale (about init_std),
@@ -155,7 +156,7 @@ def check_updates(
     bfloat16 is not judged here: rounding a parameter to 8 bits is as large as
     the update itself. ``ranks``: those ranks only (see ``agreed_representatives``).
     """
-    if case.dtype != "float32":
+    if case.dtype not in ("float32", "float64"):
         return 0.0
     rtol, atol_fraction = 1e-4, 1e-4
     config = case.config()
@@ -298,7 +299,12 @@ def worst_ratio(
 # by ~5e-3 of their scale) and the metrics, at 5e-2 relative and 0.15 of the
 # scale; gradients and grad norms in bfloat16 are checked by split ==
 # monolithic (the same roundings on both sides) and everything in float32.
+# float64: the workers keep fp32 main grads and fp32 master parameters
+# (draft_loss.grads, CotrainWorker), so a float64 step carries float32's
+# roundings at most: float32's tolerances hold (and judge the float64 maths
+# paths, which float32 cases never run).
 FUZZ_TOLERANCES = {
+    torch.float64: TOLERANCES[torch.float32],
     torch.float32: TOLERANCES[torch.float32],
     torch.bfloat16: {"split_vs_monolithic": (3e-2, 6e-2), "vs_reference": (5e-2, 1.5e-1)},
 }
@@ -310,7 +316,7 @@ def tolerance(case: DraftCase, which: str) -> tuple[float, float]:
 
 def gradients_judged_against_reference(case: DraftCase) -> bool:
     """Whether property 1 compares gradients and grad norms with float64 (see above)."""
-    return case.dtype == "float32"
+    return case.dtype in ("float32", "float64")
 
 
 def check_params_and_metrics(
@@ -375,7 +381,7 @@ def _fault_body(ctx, workers: dict, config, batches, case: DraftCase, probe_faul
                 raise ProbeFault(f"probe fault at {point!r} on rank {ctx.rank}")
 
     return worker.train_step(
-        rank_batch(ctx, batches), mode="split", num_microbatches=case.microbatches, probe=probe
+        rank_batch(ctx, batches), mode=case.mode, num_microbatches=case.microbatches, probe=probe
     )
 
 
@@ -399,6 +405,15 @@ def fault_then_retry(case: DraftCase) -> tuple[list[StepResult], list[StepResult
     probe_fault = case.fault if case.fault is not None and "probe" in case.fault else None
     clean_workers: dict = {}
     faulty_workers: dict = {}
+    with case.blocks():
+        return _fault_then_retry(
+            case, config, run_kwargs, batches, warmup_batches, probe_fault, clean_workers, faulty_workers
+        )
+
+
+def _fault_then_retry(
+    case, config, run_kwargs, batches, warmup_batches, probe_fault, clean_workers, faulty_workers
+):
     if case.warmup:
         for workers in (clean_workers, faulty_workers):
             simdist.run(_fault_body, args=(workers, config, warmup_batches, case, None), **run_kwargs)
@@ -465,13 +480,14 @@ def run_bad_input(case: DraftCase) -> list[dict[str, Any]]:
     """Every rank's outcome; a SimulationError (hang, mismatch, a rank raising
     something other than ValueError/TypeError) fails the case."""
     try:
-        return simdist.run(
-            _bad_input_body,
-            layout=case.layout,
-            args=(case, case.config(), case.batches(), ()),
-            timeout=RUN_TIMEOUT_S,
-            **case.reduction_choice.run_kwargs(),
-        )
+        with case.blocks():
+            return simdist.run(
+                _bad_input_body,
+                layout=case.layout,
+                args=(case, case.config(), case.batches(), ()),
+                timeout=RUN_TIMEOUT_S,
+                **case.reduction_choice.run_kwargs(),
+            )
     except simdist.SimulationError as error:
         cause = error.__cause__
         raise AssertionError(

@@ -9,7 +9,8 @@ its valid tokens differ from any policy mask by construction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from soft_ce_reference import reference_stats
 
 import simdist
+from draft_loss import soft_ce as soft_ce_module
 from draft_loss import soft_cross_entropy
 from simdist import Layout
 from simdist.strategies import (
@@ -32,7 +34,7 @@ from simdist.strategies import (
 )
 
 # The largest TP group drawn, lowered by a campaign's --max-world-size.
-MAX_TP = 4
+MAX_TP = 8
 
 
 def _long_row(seq: int, valid: int, scale: float) -> tuple[float, ...]:
@@ -67,6 +69,9 @@ class SoftCECase:
     # positions, as real padding has them: they must not reach numerators or
     # gradients. "none": finite everywhere.
     masked_nonfinite: str = "none"
+    # soft_ce_module.BLOCK_ELEMENTS while the case runs (None: the real one), so that a
+    # token tile spans several row blocks (as only vocabularies of 10**5 do).
+    block_elements: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -148,46 +153,94 @@ class SoftCECase:
             if 0.0 in (v for row in self.mask for v in row)
             else "none",
             "long": tokens > 256,
+            **self.corners(),
         }
+
+    def corners(self) -> dict[str, Any]:
+        """The documented dimensions' classes (see DraftCase.corners)."""
+        tokens = len(self.mask) * len(self.mask[0])
+        blocks = soft_ce_module.BLOCK_ELEMENTS if self.block_elements is None else self.block_elements
+        block_rows = max(1, blocks // max(self.shards))
+        return {
+            "tokens": "0-18" if tokens <= 18 else ("19-257" if tokens <= 257 else "258+"),
+            "local_vocab": "10+" if max(self.shards) >= 10 else "1-9",
+            "multi_block_tile": self.token_chunk_size < tokens and self.token_chunk_size > block_rows,
+        }
+
+    @contextmanager
+    def blocks(self) -> Iterator[None]:
+        """``soft_ce_module.BLOCK_ELEMENTS`` set to the case's while the case runs."""
+        if self.block_elements is None:
+            yield
+            return
+        saved = soft_ce_module.BLOCK_ELEMENTS
+        soft_ce_module.BLOCK_ELEMENTS = self.block_elements
+        try:
+            yield
+        finally:
+            soft_ce_module.BLOCK_ELEMENTS = saved
+
+
+SOFT_CE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+# Shapes: short (1..3 rows of 1..6 tokens), medium (19..257 tokens), long
+# (two rows of 129..160: past bfloat16's exact integers). Shrinks towards short.
+_SHAPES = ("short", "short", "short", "short", "medium", "medium", "medium", "long")
+_SHARD_KINDS = ("tiny", "tiny", "medium", "large")
 
 
 @st.composite
 def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
-    """Uneven vocabulary shards (1..9 entries per rank) over 1..4 TP ranks (at
-    most the campaign's --max-world-size), masks by ``mask_rows`` (one case in
-    eight with 258..320 tokens, past bfloat16's exact integers), chunk sizes
-    from 1 to beyond the token count."""
+    """Uneven vocabulary shards over 1..8 TP ranks (at most the campaign's
+    --max-world-size): 1..9 entries a rank, or 7..32 or 33..128 (each rank a
+    few apart); masks by ``mask_rows`` (short shapes, 19..257 tokens, or two
+    rows of 129..160 past bfloat16's exact integers); float32, bfloat16,
+    float16 and float64; chunk sizes from 1 (at most 16 tiles on large
+    shapes) to beyond the token count, with row blocks smaller than a tile."""
     top = max_tp()
     # Every choice below is drawn whatever the values before it (the shards of
-    # the largest TP, both kinds of mask, the single bin), and the case keeps
+    # the largest TP, every kind of mask, the single bin), and the case keeps
     # what it uses: a case makes the same choices whatever their values, so
     # Hypothesis' mutations never run out of choices (gave_up).
     tp = draw(st.integers(min(min_tp, top), top))
-    shards = draw(st.tuples(*[st.integers(1, 9)] * top))[:tp]
-    long = draw(st.sampled_from(LONG_CHOICES))
+    tiny = draw(st.tuples(*[st.integers(1, 9)] * top))[:tp]
+    kind = draw(st.sampled_from(_SHARD_KINDS))
+    base = draw(st.integers(7, 32)) if kind == "medium" else draw(st.integers(33, 128))
+    jitter = draw(st.tuples(*[st.integers(0, 3)] * top))[:tp]
+    shards = tiny if kind == "tiny" else tuple(base + j for j in jitter)
+    shape = draw(st.sampled_from(_SHAPES))
     # Past bfloat16's exact integers (256): a token count kept in the
     # logits' dtype rounds (257 -> 256) only in cases this long. Rows are
     # nearly full valid prefixes, with a weight drawn like mask_rows'.
     long_seq = draw(st.integers(129, 160))
     long_rows = [(draw(st.integers(0, 8)), draw(st.sampled_from(MASK_SCALES))) for _ in range(2)]
     short_batch, short_seq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
-    short_rows = [tuple(draw(mask_rows(short_seq))) for _ in range(3)]
-    if long:
+    medium_batch = draw(st.integers(1, 4))
+    medium_seq = draw(st.integers(-(-19 // medium_batch), 257 // medium_batch))
+    rows = [tuple(draw(mask_rows(medium_seq if shape == "medium" else short_seq))) for _ in range(4)]
+    if shape == "long":
         batch, seq = 2, long_seq
         mask = tuple(_long_row(seq, seq - cut, scale) for cut, scale in long_rows)
+    elif shape == "medium":
+        batch, seq = medium_batch, medium_seq
+        mask = tuple(rows[:batch])
     else:
         batch, seq = short_batch, short_seq
-        mask = tuple(short_rows[:batch])
+        mask = tuple(rows[:batch])
     weights = draw(bin_weights((1, 4)))
     one_bin = draw(st.booleans())
     bin_index = draw(st.integers(0, len(weights) - 1))
     single_bin = bin_index if one_bin else None
     reduction: ReductionChoice = draw(reductions())
+    tokens = batch * seq
+    # Two all-reduces a tile and TP rank: at most 16 tiles in a large case.
+    chunk = draw(st.integers(1 if tokens <= 32 else -(-tokens // 16), tokens + 2))
+    small_blocks, per_tile = draw(st.booleans()), draw(st.integers(2, 4))
+    block_elements = max(1, chunk // per_tile) * max(shards) if small_blocks else None
     return SoftCECase(
         shards=shards,
         mask=mask,
-        token_chunk_size=draw(st.integers(1, batch * seq + 2)),
-        dtype=draw(dtype_names()),
+        token_chunk_size=chunk,
+        dtype=draw(dtype_names(SOFT_CE_DTYPES)),
         bin_weights=weights,
         single_bin=single_bin,
         seed=draw(st.integers(0, 2**16)),
@@ -196,6 +249,7 @@ def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
         teacher_neg_inf=draw(st.booleans()),
         overwrite=draw(st.booleans()),
         masked_nonfinite=draw(st.sampled_from(MASKED_NONFINITE)),
+        block_elements=block_elements,
     )
 
 
@@ -211,10 +265,20 @@ def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
 # near-equal softmaxes of 0.5 whose difference is 6e-4 carry an error of
 # 1e-7, 2e-4 of the difference), and rtol 1e-4; bfloat16 only changes the returned gradient, rounded once
 # to 8 significant bits (relative 2**-9; we allow 2**-7 and 4e-3 of the scale).
+# float16 rounds the returned gradient once to 11 significant bits (relative
+# 2**-11, allowed 2**-9 on top of float32's 1e-4) and, below its smallest
+# normal number, to a multiple of 2**-24 (an absolute floor, GRAD_FLOOR).
+# float64 inputs are computed in float64 (u = 1.1e-16): the same reasoning at
+# float32's bounds scaled by 2**-29 would be 1e-14; we allow 1e-10 and 1e-12,
+# still a million times tighter than float32's, so a float64 path that lost
+# precision to float32 anywhere fails.
 TOLERANCES = {
     "float32": {"numerators": (1e-5, 1e-6), "grad": (1e-4, 1e-6)},
     "bfloat16": {"numerators": (1e-5, 1e-6), "grad": (8e-3, 4e-3)},
+    "float16": {"numerators": (1e-5, 1e-6), "grad": (1e-4 + 2.0**-9, 1e-6)},
+    "float64": {"numerators": (1e-10, 1e-12), "grad": (1e-10, 1e-12)},
 }
+GRAD_FLOOR = {"float16": 2.0**-24}
 
 
 def counts_rtol(case: SoftCECase) -> float:
@@ -255,13 +319,14 @@ def _body(ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: i
 def _run(case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None) -> list[Any]:
     choice = ReductionChoice(case.reduction, case.reduction_seed)
     try:
-        return simdist.run(
-            _body,
-            layout=Layout(tp=case.tp),
-            args=(case, tensors, spoil_rank),
-            timeout=120.0,
-            **choice.run_kwargs(),
-        )
+        with case.blocks():
+            return simdist.run(
+                _body,
+                layout=Layout(tp=case.tp),
+                args=(case, tensors, spoil_rank),
+                timeout=120.0,
+                **choice.run_kwargs(),
+            )
     except simdist.SimulationError as error:
         raise AssertionError(
             f"soft_cross_entropy raised {type(error).__name__} (first failure: {error.__cause__!r}): {error}"
@@ -304,7 +369,7 @@ def check_soft_ce(case: SoftCECase) -> float:
         tensors["mask"].to(torch.float64) * tensors["upstream"].to(torch.float64)[tensors["bins"]]
     ).abs()
     grad_scale = float(student64.grad.abs().max())
-    if case.dtype == "float32":  # bfloat16's tolerance is its rounding of the gradient itself
+    if case.dtype != "bfloat16":  # bfloat16's tolerance is its rounding of the gradient itself
         grad_scale = max(grad_scale, float(token_scale.max()))
     grad_scale = grad_scale or 1.0
     worst = 0.0
@@ -318,7 +383,10 @@ def check_soft_ce(case: SoftCECase) -> float:
         start = sum(case.shards[:rank])
         expected = student64.grad[..., start : start + case.shards[rank]]
         rtol, atol = tol["grad"]
-        worst = max(worst, _ratio(grad, expected, rtol, atol * grad_scale, f"TP rank {rank} gradient"))
+        floor = GRAD_FLOOR.get(case.dtype, 0.0)
+        worst = max(
+            worst, _ratio(grad, expected, rtol, atol * grad_scale + floor, f"TP rank {rank} gradient")
+        )
     return worst
 
 

@@ -80,7 +80,7 @@ def _tiny_case(**overrides) -> DraftCase:
 
 def test_every_property_declares_how_its_case_is_decoded() -> None:
     names = [n for n in dir(properties) if n.startswith("test_")]
-    assert len(names) == 8
+    assert len(names) == 9
     for name in names:
         spec = spec_of(getattr(properties, name))
         assert spec is not None and spec.arg == "case", name
