@@ -28,6 +28,8 @@ ORDER = (
     "test_bad_input_fails_on_every_rank",
     "test_fault_then_retry_equals_clean_run",
     "test_valid_input_never_raises_simulation_error",
+    "test_projected_soft_ce_matches_reference",
+    "test_lifecycle_matches_float64_model",
 )
 
 

@@ -40,6 +40,7 @@ from draft_runs import (  # noqa: E402
     worst_ratio,
 )
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from lifecycle import LifecycleCase, lifecycle_cases, run_lifecycle  # noqa: E402
 from projected_cases import ProjectedCase, check_projected, projected_cases  # noqa: E402
 from soft_ce_cases import (  # noqa: E402
     SoftCECase,
@@ -210,6 +211,18 @@ def test_valid_input_never_raises_simulation_error(case: DraftCase) -> None:
     for mode, per_rank in results.items():
         check_replicas_agree(case, per_rank, mode)
         check_ranks_agree(case.layout, per_rank, mode)
+
+
+@relaxed
+@given(case=lifecycle_cases())
+@fuzz.replayable(LifecycleCase.from_json)
+def test_lifecycle_matches_float64_model(case: LifecycleCase) -> None:
+    """6. Several steps of one set of workers (any mode and microbatch split per step,
+    probe faults at any point, retried or dropped) match a float64 model of the
+    whole run after every step: parameters, momentum, metrics; a failed attempt
+    changes nothing and leaves no state behind."""
+    cover(**case.cover())
+    run_lifecycle(case)
 
 
 @relaxed

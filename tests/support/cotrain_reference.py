@@ -21,6 +21,7 @@ class ReferenceResult:
     grad_norms: dict[str, float]
     clip_coefficients: dict[str, float]
     metrics: dict[str, float]
+    momentum: dict[str, torch.Tensor] | None = None  # full SGD momentum buffers after the step
 
 
 DRAFT_PREFIX = "draft."
@@ -32,8 +33,18 @@ def _shift_left(values: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def reference_step(config, params: dict[str, torch.Tensor], tokens, mask, bin_ids) -> ReferenceResult:
-    """One step of ``config``'s model from ``params`` (full float64 tensors) on the global batch."""
+def reference_step(
+    config,
+    params: dict[str, torch.Tensor],
+    tokens,
+    mask,
+    bin_ids,
+    momentum: dict[str, torch.Tensor] | None = None,
+) -> ReferenceResult:
+    """One step of ``config``'s model from ``params`` (full float64 tensors) on the global batch.
+
+    ``momentum``: the SGD momentum buffers of earlier steps (None: the first step,
+    whose buffer starts as the update itself)."""
     P = {
         name: value.detach().to(torch.float64).clone().requires_grad_(True) for name, value in params.items()
     }
@@ -84,12 +95,14 @@ def reference_step(config, params: dict[str, torch.Tensor], tokens, mask, bin_id
     coefficients = {
         k: (1.0 if max_norms[k] is None else min(1.0, max_norms[k] / (norms[k] + 1e-6))) for k in norms
     }
-    new_params = {}
+    new_params, buffers = {}, {}
     for n, g in grad.items():
         clipped = g * coefficients["draft" if n.startswith(DRAFT_PREFIX) else "policy"]
         p = P[n].detach()
-        # First SGD step: the momentum buffer starts as the update itself.
-        new_params[n] = p - config.lr * (clipped + config.weight_decay * p)
+        update = clipped + config.weight_decay * p
+        # The first SGD step's momentum buffer starts as the update itself.
+        buffers[n] = update if momentum is None else config.momentum * momentum[n] + update
+        new_params[n] = p - config.lr * buffers[n]
     metrics = {
         "policy_loss": float(policy_loss.detach()),
         "draft_loss": float(draft_loss.detach()),
@@ -97,4 +110,4 @@ def reference_step(config, params: dict[str, torch.Tensor], tokens, mask, bin_id
         "draft_tokens": float(counts.sum()),
         "draft_weighted_tokens": weighted_count,
     }
-    return ReferenceResult(grad, new_params, norms, coefficients, metrics)
+    return ReferenceResult(grad, new_params, norms, coefficients, metrics, buffers)

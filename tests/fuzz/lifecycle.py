@@ -1,0 +1,276 @@
+"""Lifecycles of the co-training step: several steps of one set of workers, with
+aborted attempts, retries and dropped steps between them, judged after every
+step against an independent float64 model of the whole run.
+
+The machine's state is the workers (model shards, fp32 master parameters,
+momentum buffers, the draft step state), kept across worlds by rank as a real
+job's processes outlive a communicator rebuilt after a failure. Its rules are
+the steps of a ``LifecycleCase``, plain data (a program), so a failing
+lifecycle shrinks like any case (fewer steps, simpler steps) and replays from
+its JSON form without Hypothesis:
+
+* ``step``: one ``train_step`` in its mode and microbatch split (any split the
+  rank's rows allow), on a batch of its own data seed;
+* a step with a ``fault``: a probe raises at that point on that rank during
+  the first attempt; every rank's step must then fail, nothing be applied
+  (parameters, momentum bitwise unchanged, the draft state idle, no main
+  grads left), and with ``retry`` the same batch runs again and must equal
+  the model's step; without, the step is dropped and the next one starts from
+  the same state (a probe point the rank never reaches changes nothing: the
+  step then counts as done).
+
+The reference (``cotrain_reference.reference_step`` chained with its momentum)
+shares no code with draft_loss: a bug that carries state from one step into
+the next (momentum, a count, a cached tile, a draft state not reset) makes
+the second or later step differ from it, where a clean rerun of the same
+code would agree with itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from cotrain_harness import groups_of, shard
+from cotrain_reference import reference_step
+from draft_cases import DraftCase, draft_cases, probe_points
+from draft_runs import RUN_TIMEOUT_S, ProbeFault, check_replicas_agree, rank_batch
+from hypothesis import strategies as st
+
+import simdist
+from draft_loss.cotrain import METRIC_NAMES, CotrainWorker, StepAbortedError, full_initial_parameters
+
+# float32 and float64 keep the model's parameters within float32's rounding of
+# the float64 model's; bfloat16 parameters round by as much as an update (see
+# draft_runs.check_updates), so several steps of them say nothing more.
+LIFECYCLE_DTYPES = ("float32", "float64")
+MAX_STEPS = 4
+
+
+@dataclass(frozen=True)
+class LifecycleCase:
+    """A base case (layout, shapes, config) and the program of steps run on it."""
+
+    base: DraftCase
+    steps: tuple[Mapping[str, Any], ...]  # {"mode", "microbatches", "data_seed", "fault", "retry"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base": self.base.to_json(), "steps": [dict(step) for step in self.steps]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LifecycleCase:
+        steps = tuple(
+            {**step, "fault": None if step.get("fault") is None else dict(step["fault"])}
+            for step in data["steps"]
+        )
+        return cls(DraftCase.from_json(data["base"]), steps)
+
+    def cover(self) -> dict[str, Any]:
+        faults = [step for step in self.steps if step["fault"] is not None]
+        return {
+            **self.base.cover(),
+            "steps": len(self.steps),
+            "aborted_steps": len(faults),
+            "retried_steps": sum(1 for step in faults if step["retry"]),
+            "split_changes": len({step["microbatches"] for step in self.steps}) > 1,
+        }
+
+
+@st.composite
+def lifecycle_cases(draw: st.DrawFn, *, max_world: int | None = None) -> LifecycleCase:
+    base = draw(draft_cases(max_world=max_world, dtypes=LIFECYCLE_DTYPES))
+    # A rank's rows bound the split: every microbatch needs a row.
+    most = min(len(micro) for rank in base.masks for micro in rank) * base.microbatches
+    count = draw(st.integers(2, MAX_STEPS))
+    steps = []
+    world = base.layout.world_size
+    for _ in range(MAX_STEPS):  # drawn whatever the count: the same choices in every case
+        mode = draw(st.sampled_from(("split", "monolithic")))
+        microbatches = draw(st.integers(1, 4))
+        microbatches = min(microbatches, most) if mode == "split" else 1
+        faulty = draw(st.booleans())
+        point = draw(st.sampled_from(probe_points(4, mode, base.num_layers)))
+        if ":microbatch:" in point and mode == "split":
+            # A point of a microbatch this split does not have never fires: keep it in range.
+            k = int(point.split(":")[2])
+            point = point.replace(f":microbatch:{k}:", f":microbatch:{k % microbatches}:")
+        rank = draw(st.integers(0, world - 1))
+        retry = draw(st.booleans())
+        data_seed = draw(st.integers(0, 2**16))
+        fault = {"probe": point, "rank": rank} if faulty else None
+        steps.append(
+            {
+                "mode": mode,
+                "microbatches": microbatches,
+                "data_seed": data_seed,
+                "fault": fault,
+                "retry": retry,
+            }
+        )
+    return LifecycleCase(replace(base, fault=None, warmup=False), tuple(steps[:count]))
+
+
+# ------------------------------------------------------------------ running
+
+
+def _step_body(ctx, workers: dict, config, batches, step: Mapping[str, Any], faulty: bool):
+    if ctx.rank not in workers:
+        workers[ctx.rank] = CotrainWorker(config, groups_of(ctx))
+    worker = workers[ctx.rank]
+    worker.bind(groups_of(ctx))
+    probe = None
+    fault = step["fault"]
+    if faulty and fault is not None and ctx.rank == fault["rank"]:
+
+        def probe(reached: str) -> None:
+            if reached == fault["probe"]:
+                raise ProbeFault(f"probe fault at {reached!r} on rank {ctx.rank}")
+
+    return worker.train_step(
+        rank_batch(ctx, batches), mode=step["mode"], num_microbatches=step["microbatches"], probe=probe
+    )
+
+
+def _snapshot(workers: dict) -> dict[int, dict[str, torch.Tensor]]:
+    out = {}
+    for rank, worker in workers.items():
+        state = {f"master:{n}": v.clone() for n, v in worker.master.items()}
+        state |= {f"momentum:{n}": v.clone() for n, v in worker.optimizer.buffers.items()}
+        state |= {f"model:{n}": p.detach().clone() for n, p in worker.params.items()}
+        out[rank] = state
+    return out
+
+
+class Model:
+    """The float64 model of the run: master parameters and momentum buffers, full size."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        initial = full_initial_parameters(config)
+        # The workers start from the float64 values rounded through the model dtype.
+        self.master = {n: v.to(config.dtype).to(torch.float64) for n, v in initial.items()}
+        self.initial = {n: v.clone() for n, v in self.master.items()}
+        self.momentum: dict[str, torch.Tensor] | None = None
+
+    def step(self, global_batch) -> Any:
+        # The workers' forward reads their parameters in the model dtype (master rounded).
+        forward = {
+            n: v.to(torch.float32).to(self.config.dtype).to(torch.float64) for n, v in self.master.items()
+        }
+        result = reference_step(self.config, forward, *global_batch, momentum=self.momentum)
+        # reference_step applies the update to the rounded parameters; the
+        # workers apply it to their fp32 master: do the same from ours.
+        self.master = {n: self.master[n] - (forward[n] - result.params[n]) for n in self.master}
+        self.momentum = result.momentum
+        return result
+
+
+def run_lifecycle(case: LifecycleCase) -> None:
+    base = case.base
+    config = base.config()
+    model = Model(config)
+    workers: dict = {}
+    run_kwargs = dict(
+        layout=base.layout, timeout=RUN_TIMEOUT_S, share_args=True, **base.reduction_choice.run_kwargs()
+    )
+    applied = 0
+    with base.blocks():
+        for index, step in enumerate(case.steps):
+            batches = base.batches(data_seed=step["data_seed"])
+            global_batch = tuple(
+                torch.cat([getattr(b, f) for b in batches]) for f in ("tokens", "mask", "bin_ids")
+            )
+            what = f"step {index} ({step['mode']}, {step['microbatches']} microbatch(es))"
+            if step["fault"] is not None:
+                before = _snapshot(workers)
+                try:
+                    results = simdist.run(
+                        _step_body, args=(workers, config, batches, step, True), **run_kwargs
+                    )
+                except simdist.RankError as error:
+                    _check_aborted(error, before, workers, f"{what}, faulty attempt")
+                    if not step["retry"]:
+                        continue
+                else:
+                    # The point was never reached on that rank: a clean step.
+                    applied += 1
+                    _check_step(base, results, workers, model.step(global_batch), model, applied, what)
+                    continue
+            results = simdist.run(_step_body, args=(workers, config, batches, step, False), **run_kwargs)
+            applied += 1
+            _check_step(base, results, workers, model.step(global_batch), model, applied, what)
+
+
+def _check_aborted(error: simdist.RankError, before, workers: dict, what: str) -> None:
+    unexpected = {
+        rank: f"{type(f).__name__}: {f}"
+        for rank, f in error.failures.items()
+        if not isinstance(f, (ProbeFault, StepAbortedError))
+    }
+    assert not unexpected, f"{what}: failures the fault does not explain: {unexpected}"
+    after = _snapshot(workers)
+    for rank, state in before.items():
+        for name, value in state.items():
+            assert torch.equal(value, after[rank][name]), (
+                f"{what}: rank {rank}'s {name} changed by a failed step"
+            )
+    for rank, worker in workers.items():
+        assert not worker.draft_state.active, (
+            f"{what}: rank {rank}'s draft state left {worker.draft_state.phase}"
+        )
+        left = [n for n, p in worker.params.items() if p.grad is not None or hasattr(p, "main_grad")]
+        assert not left, f"{what}: rank {rank} kept gradients of a failed step: {left}"
+
+
+def _check_step(
+    base: DraftCase,
+    results: Sequence[Any],
+    workers: dict,
+    reference: Any,
+    model: Model,
+    steps: int,
+    what: str,
+) -> None:
+    """Every rank against the float64 model after ``steps`` applied steps: its
+    metrics, its master parameters' change since the start and its momentum
+    buffers (TP shards of the model's), at float32's tolerances grown with the
+    number of steps."""
+    check_replicas_agree(base, list(results), what)
+    layout = base.layout
+    rtol, atol_fraction = 1e-4 * steps, 1e-4 * steps
+    change = {n: model.master[n] - model.initial[n] for n in model.master}
+    change_scale = max((float(v.abs().max()) for v in change.values() if v.numel()), default=0.0) or 1.0
+    momentum = model.momentum or {}
+    momentum_scale = max((float(v.abs().max()) for v in momentum.values() if v.numel()), default=0.0) or 1.0
+    for rank, result in enumerate(results):
+        tp_rank = layout.coords(rank).tp
+        for metric in METRIC_NAMES:
+            got, want = result.metrics[metric], reference.metrics[metric]
+            assert abs(got - want) <= 1e-4 + 1e-4 * abs(want), (
+                f"{what}: rank {rank} metric {metric} {got} != {want}"
+            )
+        for name, value in result.params.items():
+            initial = shard(model.initial[name], name, tp_rank, layout.tp)
+            expected = shard(change[name], name, tp_rank, layout.tp)
+            error = (value.to(torch.float64) - initial - expected).abs()
+            allowed = atol_fraction * change_scale + rtol * expected.abs()
+            assert bool((error <= allowed).all()), (
+                f"{what}: rank {rank}'s {name} after {steps} step(s) is off the float64 model by "
+                f"{float(error.max()):.3e} (allowed {atol_fraction:.0e} x {change_scale:.3e} + {rtol:.0e} x |change|)"
+            )
+    for rank, worker in workers.items():
+        tp_rank = layout.coords(rank).tp
+        assert set(worker.optimizer.buffers) == set(worker.master), (
+            f"{what}: rank {rank} momentum buffers missing"
+        )
+        for name, buffer in worker.optimizer.buffers.items():
+            expected = shard(momentum[name], name, tp_rank, layout.tp)
+            error = (buffer.to(torch.float64) - expected).abs()
+            allowed = atol_fraction * momentum_scale + rtol * expected.abs()
+            assert bool((error <= allowed).all()), (
+                f"{what}: rank {rank}'s momentum buffer of {name} after {steps} step(s) is off the float64 "
+                f"model by {float(error.max()):.3e} (allowed {atol_fraction:.0e} x {momentum_scale:.3e} + "
+                f"{rtol:.0e} x |buffer|)"
+            )
