@@ -2,7 +2,7 @@
 each documented corner of draft_loss's input space (tests/fuzz/corners.py).
 
     python benchmarks/drawability.py                  # 2,000 draws per strategy
-    python benchmarks/drawability.py --draws 500 --seeds 4
+    python benchmarks/drawability.py --draws 500 --seeds 8
 
 Draws as a campaign round does (generation only, random seeds, fixed here for
 repeatability), so the shares are what a campaign spends its cases on; a
@@ -22,8 +22,8 @@ sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draws", type=int, default=1000, help="cases per seed and strategy")
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--draws", type=int, default=100, help="cases per seed and strategy")
+    parser.add_argument("--seeds", type=int, default=20, help="independent runs per strategy")
     args = parser.parse_args()
     from corners import FLOOR, draws, shares, targets
 

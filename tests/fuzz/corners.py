@@ -111,9 +111,12 @@ def draws(strategy: Any, examples: int, seeds: range) -> list[Any]:
 
     out: list[Any] = []
     for run_seed in seeds:
-
+        # On Hypothesis' own default profile, whatever the suite loaded: a
+        # derandomized profile would ignore the seed and draw one sample twice.
         @seed(run_seed)
         @settings(
+            settings.get_profile("default"),
+            derandomize=False,
             max_examples=examples,
             database=None,
             deadline=None,

@@ -307,10 +307,12 @@ class DraftCase:
         if self.clip_ratios is None:
             return "fixed"
         live = [r for r in self.clip_ratios if r > 0]
-        if any(r < 1 for r in live) and any(r > 1 for r in live):
-            return "below+above"
+        # A limit exactly at the norm is the boundary case, whatever the other
+        # group's limit is.
         if any(r == 1 for r in live):
             return "at"
+        if any(r < 1 for r in live) and any(r > 1 for r in live):
+            return "below+above"
         return "below" if any(r < 1 for r in live) else "above"
 
 
@@ -321,6 +323,28 @@ def _token_class(tokens: int) -> str:
 
 
 # ----------------------------------------------------------------- strategies
+
+_BELOW = tuple(r for r in CLIP_RATIOS if 0 < r < 1)
+_ABOVE = tuple(r for r in CLIP_RATIOS if r > 1)
+
+
+@st.composite
+def clip_ratio_pairs(draw: st.DrawFn) -> tuple[float, float]:
+    """(policy, draft) clip ratios, the class first: both below the norm, one at
+    it, both above, one below and one above, or one group not clipped. Drawn
+    value by value, a limit exactly at the norm (one value of seven) and both
+    groups above it were too rare for their floor shares."""
+    kind = draw(st.sampled_from(("below", "at", "above", "mixed", "one")))
+    if kind == "below":
+        pair = (draw(st.sampled_from(_BELOW)), draw(st.sampled_from(_BELOW)))
+    elif kind == "above":
+        pair = (draw(st.sampled_from(_ABOVE)), draw(st.sampled_from(_ABOVE)))
+    elif kind == "mixed":
+        pair = (draw(st.sampled_from(_BELOW)), draw(st.sampled_from(_ABOVE)))
+    else:
+        other = draw(st.sampled_from(CLIP_RATIOS))
+        pair = (1.0 if kind == "at" else 0.0, other)
+    return pair[::-1] if draw(st.booleans()) else pair
 
 
 @st.composite
@@ -406,7 +430,7 @@ def draft_cases(
     dtype = draw(dtype_names(dtypes))
     if dtype == "bfloat16" and not features.on("low_precision"):
         dtype = "float32"
-    clip_ratios = (draw(st.sampled_from(CLIP_RATIOS)), draw(st.sampled_from(CLIP_RATIOS)))
+    clip_ratios = draw(clip_ratio_pairs())
     return DraftCase(
         tp=layout.tp,
         cp=layout.cp,
