@@ -159,9 +159,18 @@ def test_fault_then_retry_equals_clean_run(case: DraftCase) -> None:
     """3. A fault on one rank (an exception at a probe point of the step, or a simdist
     crash/timeout/abort/delay at a collective), then a retry of the same batch on a
     fresh world, equals a clean run bit for bit; a fault that aborts nothing
-    (a delay, a call that never comes) changes nothing."""
+    (a delay, a call that never comes) changes nothing. A probe fault outside the
+    optimizer always fires: every rank reaches every other point of its mode's
+    step (probe_points), so a fault that aborts nothing there is a step that
+    skipped a point, or a retry test that tested no fault."""
     clean, retried, outcome = fault_then_retry(case)
     cover(**case.cover(), warmup=case.warmup, fault_fired=bool(outcome.errors))
+    point = case.fault.get("probe", "")
+    if point and ":optimizer:" not in point:
+        assert outcome.errors, (
+            f"the probe fault at {point!r} on rank {case.fault['rank']} never fired: "
+            f"the {case.mode} step did not reach a point every rank of it reaches"
+        )
     problems = unexpected_failures(outcome)
     assert not problems, "the faulty attempt failed in ways the fault does not explain:\n" + "\n".join(
         problems
