@@ -302,7 +302,9 @@ def _encode(error: Exception | None, header: Header) -> list[int]:
         text = str(error) if code != 3 else f"{type(error).__name__} while checking arguments: {error}"
         message = text.encode("utf-8")
         if len(message) > _MESSAGE_BYTES:
-            message = message[: _MESSAGE_BYTES - 3] + b"..."
+            # Cut on a character boundary: half a character would decode as U+FFFD.
+            kept = message[: _MESSAGE_BYTES - 3].decode("utf-8", errors="ignore")
+            message = kept.encode("utf-8") + b"..."
         message = message.ljust(_MESSAGE_BYTES, b"\0")
         for i in range(_MESSAGE_SLOTS):
             chunk = message[i * _BYTES_PER_SLOT : (i + 1) * _BYTES_PER_SLOT]
