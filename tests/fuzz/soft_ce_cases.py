@@ -406,6 +406,9 @@ SOFT_CE_BAD_INPUT = {
     "teacher_shape": "teacher_logits must have the shape of student_logits",
     "leading_shape_differs": "leading",
     "mask_shape": "mask must have the logits' leading shape",
+    "overwrite_not_bool": "overwrite_student_with_grad must be a bool",
+    "overwrite_leaf": "needs student_logits that the caller does not read",
+    "overwrite_shares_teacher": "teacher_logits share storage with student_logits",
 }
 
 
@@ -462,6 +465,18 @@ def _spoil(arguments: dict[str, Any], kind: str) -> None:
         a["bin_ids"] = a["bin_ids"].reshape(-1)
     elif kind == "mask_shape":
         a["mask"] = torch.cat([a["mask"], a["mask"][:, :1]], dim=1)
+    elif kind == "overwrite_not_bool":
+        a["overwrite_student_with_grad"] = 1  # truthy, but not the documented bool
+    elif kind == "overwrite_leaf":
+        # The caller's own leaf (a parameter, say): overwriting it would clobber it.
+        a["student_logits"] = a["student_logits"].detach().clone().requires_grad_(True)
+        a["overwrite_student_with_grad"] = True
+    elif kind == "overwrite_shares_teacher":
+        # A teacher that is the student's own storage (a self-distillation shortcut).
+        leaf = a["student_logits"].detach().clone().requires_grad_(True)
+        a["student_logits"] = leaf * 1
+        a["teacher_logits"] = a["student_logits"].detach()
+        a["overwrite_student_with_grad"] = True
     else:
         raise ValueError(
             f"unknown soft_cross_entropy bad-input kind {kind!r}; expected one of {tuple(SOFT_CE_BAD_INPUT)}"
