@@ -319,6 +319,22 @@ def gradients_judged_against_reference(case: DraftCase) -> bool:
     return case.dtype in ("float32", "float64")
 
 
+def gradients_judged_split_vs_monolithic(case: DraftCase) -> bool:
+    """Whether property 2 compares the two modes' gradients and grad norms.
+
+    Not in bfloat16 under the shuffled reduction model: its order is seeded by
+    the call's place in the world's sequence, and the two modes issue different
+    sequences, so their TP all-reduces of bfloat16 activations sum in different
+    orders and the premise of the bfloat16 tolerance (the same roundings on both
+    sides) fails. Measured on a single-token tp=3 step (4 layers, vocabulary 6):
+    split == monolithic bitwise under the rank, ring and tree orders, and off by
+    0.065-0.157 of the gradient scale under three shuffled seeds, the size
+    FUZZ_TOLERANCES' note derives for bfloat16 against float64. There, as in
+    property 1, what the step applies (parameters) and the metrics are judged.
+    """
+    return not (case.dtype == "bfloat16" and case.reduction == "shuffled")
+
+
 def check_params_and_metrics(
     case: DraftCase,
     results: list[StepResult],
@@ -330,23 +346,31 @@ def check_params_and_metrics(
     ranks: Iterable[int] | None = None,
 ) -> None:
     """``check_against`` without gradients and grad norms (bfloat16 vs float64);
+    ``reference``: the float64 result of the whole model (sharded here per rank),
+    or a callable giving each rank's own result (another mode's, say);
     ``ranks``: those ranks only (see ``agreed_representatives``)."""
     layout = case.layout
+    per_rank = callable(reference)
+    expected = reference if per_rank else (lambda rank: reference)
     param_scale = (
-        max((float(t.abs().max()) for t in reference.params.values() if t.numel()), default=0.0) or 1.0
+        max((float(t.abs().max()) for t in expected(0).params.values() if t.numel()), default=0.0) or 1.0
     )
     for rank in range(len(results)) if ranks is None else ranks:
         result = results[rank]
         tp_rank = layout.coords(rank).tp
-        refs = {name: shard(reference.params[name], name, tp_rank, layout.tp) for name in result.params}
+        exp = expected(rank)
+        refs = {
+            name: exp.params[name] if per_rank else shard(exp.params[name], name, tp_rank, layout.tp)
+            for name in result.params
+        }
         _close_all(result.params, refs, rtol, atol_fraction * param_scale, f"{what}: rank {rank} param")
         metrics = torch.tensor([result.metrics[metric] for metric in METRIC_NAMES])
-        expected = torch.tensor([reference.metrics[metric] for metric in METRIC_NAMES])
-        if not _within(metrics, expected, rtol, atol_fraction):
+        ref_metrics = torch.tensor([exp.metrics[metric] for metric in METRIC_NAMES])
+        if not _within(metrics, ref_metrics, rtol, atol_fraction):
             for metric in METRIC_NAMES:  # the first one out of tolerance raises
                 _close(
                     torch.tensor(result.metrics[metric]),
-                    torch.tensor(reference.metrics[metric]),
+                    torch.tensor(exp.metrics[metric]),
                     rtol,
                     atol_fraction,
                     f"{what}: rank {rank} metric {metric}",

@@ -31,6 +31,7 @@ from draft_runs import (  # noqa: E402
     cover,
     fault_then_retry,
     gradients_judged_against_reference,
+    gradients_judged_split_vs_monolithic,
     rank_batch,
     run_bad_input,
     run_valid,
@@ -116,7 +117,9 @@ def test_layout_invariance(case: DraftCase) -> None:
 @fuzz.replayable(DraftCase.from_json)
 def test_split_equals_monolithic(case: DraftCase) -> None:
     """2. A split step over 1..4 microbatches equals the monolithic step, on every rank
-    (same world, same reduction order; float32 to summation-order rounding)."""
+    (same world, same reduction model; float32 to summation-order rounding; in
+    bfloat16 under the shuffled order, whose two modes sum in different orders,
+    parameters and metrics: see draft_runs.gradients_judged_split_vs_monolithic)."""
     cover(**case.cover(), chunk_vs_tokens=_chunk_feature(case))
     results = run_valid(case, ("monolithic", "split"))
     mono, split = results["monolithic"], results["split"]
@@ -128,6 +131,7 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
             f"{mode}: a valid step was skipped (grad norms {per_rank[0].grad_norms})"
         )
     rtol, atol = tolerance(case, "split_vs_monolithic")
+    gradients = gradients_judged_split_vs_monolithic(case)
     steer(
         worst_ratio(
             case,
@@ -136,20 +140,32 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
             rtol=rtol,
             atol_fraction=atol,
             tp_sharded_expected=False,
+            gradients=gradients,
             ranks=ranks,
         ),
         label="split vs monolithic: worst error / tolerance",
     )
-    check_against(
-        case.layout,
-        split,
-        lambda rank: mono[rank],
-        rtol=rtol,
-        atol_fraction=atol,
-        what="split vs monolithic",
-        tp_sharded_expected=False,
-        ranks=ranks,
-    )
+    if gradients:
+        check_against(
+            case.layout,
+            split,
+            lambda rank: mono[rank],
+            rtol=rtol,
+            atol_fraction=atol,
+            what="split vs monolithic",
+            tp_sharded_expected=False,
+            ranks=ranks,
+        )
+    else:
+        check_params_and_metrics(
+            case,
+            split,
+            lambda rank: mono[rank],
+            rtol=rtol,
+            atol_fraction=atol,
+            what="split vs monolithic",
+            ranks=ranks,
+        )
 
 
 @relaxed
