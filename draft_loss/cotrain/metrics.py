@@ -34,11 +34,24 @@ def step_metrics(
     }
 
 
-def share_metrics(metrics: dict[str, float] | None, pp_group: dist.ProcessGroup | None) -> dict[str, float]:
-    """Metrics live on the last stage; every stage joins one PP all-reduce to report them."""
+def share_metrics(
+    metrics: dict[str, float] | None,
+    pp_group: dist.ProcessGroup | None,
+    tp_group: dist.ProcessGroup | None = None,
+) -> dict[str, float]:
+    """Metrics live on the last stage; every rank takes those of its TP rank 0.
+
+    The last stage's TP ranks each hold their own DP x CP sums, and those agree
+    only to the last bit: each TP rank's DP x CP group is a group of its own,
+    which a backend may sum in its own order. So one rank fills the vector and
+    every rank joins a PP and a TP all-reduce of it: a sum of one value and
+    zeros is exact in any order, and every rank reports the same bits.
+    """
     vector = torch.zeros(len(METRIC_NAMES), dtype=torch.float64)
-    if metrics is not None:
+    reporting = tp_group is None or dist.get_rank(tp_group) == 0
+    if metrics is not None and reporting:
         vector = torch.tensor([metrics[name] for name in METRIC_NAMES], dtype=torch.float64)
-    if pp_group is not None:
-        dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=pp_group)
+    for group in (pp_group, tp_group):
+        if group is not None:
+            dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=group)
     return {name: float(vector[i]) for i, name in enumerate(METRIC_NAMES)}

@@ -203,7 +203,7 @@ class CotrainWorker:
         self.draft_state.correct_main_grads(params)
 
     def _finish_step(self, metrics: dict[str, float] | None, probe: Probe | None, prefix: str) -> StepResult:
-        shared = share_metrics(metrics, self.groups.pp)
+        shared = share_metrics(metrics, self.groups.pp, self.groups.tp)
         grads_after = {name: main_grad(p).clone() for name, p in self.params.items()}
         commit = commit_step(
             self.params,
