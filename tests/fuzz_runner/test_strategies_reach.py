@@ -54,7 +54,10 @@ def test_cost_weighted_layouts_spend_most_cases_on_small_worlds() -> None:
 @pytest.mark.parametrize("axis", AXES)
 def test_a_failure_at_degree_4_or_more_shrinks_to_degree_4_with_every_other_axis_at_1(axis: str) -> None:
     strategy = S.layouts(max_world_size=64, axes=AXES, max_degree=8, weighting="cost")
-    smallest = find(strategy, lambda layout: getattr(layout, axis) >= 4, settings=settings(database=None))
+    # Its own budget and seed: the suite's profile (10 examples) often draws no
+    # degree >= 4 on a given axis at all, and then find() has nothing to shrink.
+    searching = settings(settings.get_profile("default"), database=None, derandomize=True, max_examples=1000)
+    smallest = find(strategy, lambda layout: getattr(layout, axis) >= 4, settings=searching)
     assert getattr(smallest, axis) == 4 and smallest.world_size == 4, smallest
 
 
