@@ -36,7 +36,7 @@ import torch
 from cotrain_harness import groups_of, shard
 from cotrain_reference import reference_step
 from draft_cases import DraftCase, draft_cases, probe_points
-from draft_runs import RUN_TIMEOUT_S, ProbeFault, check_replicas_agree, rank_batch
+from draft_runs import RUN_TIMEOUT_S, SHADOW_SPREAD, ProbeFault, check_replicas_agree, rank_batch
 from hypothesis import strategies as st
 
 import simdist
@@ -144,27 +144,65 @@ def _snapshot(workers: dict) -> dict[int, dict[str, torch.Tensor]]:
 
 
 class Model:
-    """The float64 model of the run: master parameters and momentum buffers, full size."""
+    """The float64 model of the run: master parameters and momentum buffers, full size.
 
-    def __init__(self, config) -> None:
+    ``dtype=torch.float32`` makes its shadow: the same steps with every
+    operation rounded to float32, chained from its own parameters, so its
+    distance from the float64 model is what float32 costs this very program,
+    the drift of parameters that differ a rounding after the first step
+    included (see ``shadow_distance``)."""
+
+    def __init__(self, config, dtype: torch.dtype = torch.float64) -> None:
         self.config = config
+        self.dtype = dtype
         initial = full_initial_parameters(config)
         # The workers start from the float64 values rounded through the model dtype.
-        self.master = {n: v.to(config.dtype).to(torch.float64) for n, v in initial.items()}
+        self.master = {n: v.to(config.dtype).to(dtype) for n, v in initial.items()}
         self.initial = {n: v.clone() for n, v in self.master.items()}
         self.momentum: dict[str, torch.Tensor] | None = None
+        self.batches: list[Any] = []  # the global batch of every applied step
 
     def step(self, global_batch) -> Any:
+        self.batches.append(global_batch)
         # The workers' forward reads their parameters in the model dtype (master rounded).
         forward = {
-            n: v.to(torch.float32).to(self.config.dtype).to(torch.float64) for n, v in self.master.items()
+            n: v.to(torch.float32).to(self.config.dtype).to(self.dtype) for n, v in self.master.items()
         }
-        result = reference_step(self.config, forward, *global_batch, momentum=self.momentum)
+        result = reference_step(self.config, forward, *global_batch, momentum=self.momentum, dtype=self.dtype)
         # reference_step applies the update to the rounded parameters; the
         # workers apply it to their fp32 master: do the same from ours.
         self.master = {n: self.master[n] - (forward[n] - result.params[n]) for n in self.master}
         self.momentum = result.momentum
         return result
+
+
+# How far another float32 run of the same program may be from the float64
+# model, in multiples of the shadow's own distance: the workers round the
+# same sums in other orders (microbatch accumulation, TP partial sums, the
+# streaming softmax), so their error is another draw of the shadow's, not a
+# copy of it: the spread measured on single steps (draft_runs.SHADOW_SPREAD)
+# holds here too. On the four-step program a clean campaign failed (the
+# regression fixture of test_lifecycle_matches_float64_model) the workers
+# were at most 1.5 times the shadow's distance after every step.
+def shadow_distance(model: Model) -> tuple[float, float]:
+    """The float32 shadow of ``model``'s applied steps: its worst distance from
+    the float64 model in the parameters' change since the start and in the
+    momentum buffers, each a fraction of the float64 model's largest entry."""
+    shadow = Model(model.config, torch.float32)
+    for batch in model.batches:
+        shadow.step(batch)
+    change = {n: model.master[n] - model.initial[n] for n in model.master}
+    shadow_change = {n: shadow.master[n].double() - shadow.initial[n].double() for n in shadow.master}
+    momentum, shadow_momentum = model.momentum or {}, shadow.momentum or {}
+    return _fraction(shadow_change, change), _fraction(shadow_momentum, momentum)
+
+
+def _fraction(actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> float:
+    scale = max((float(v.abs().max()) for v in expected.values() if v.numel()), default=0.0) or 1.0
+    error = max(
+        (float((actual[n].double() - v).abs().max()) for n, v in expected.items() if v.numel()), default=0.0
+    )
+    return error / scale
 
 
 def run_lifecycle(case: LifecycleCase) -> None:
@@ -236,29 +274,61 @@ def _check_step(
     """Every rank against the float64 model after ``steps`` applied steps: its
     metrics, its master parameters' change since the start and its momentum
     buffers (TP shards of the model's), at float32's tolerances grown with the
-    number of steps."""
+    number of steps, or, where this program's float32 shadow is further from
+    the model than those allow, at ``SHADOW_SPREAD`` times the shadow's
+    distance (computed only then: most programs never need it)."""
     check_replicas_agree(base, list(results), what)
-    layout = base.layout
     rtol, atol_fraction = 1e-4 * steps, 1e-4 * steps
+    for rank, result in enumerate(results):
+        for metric in METRIC_NAMES:
+            got, want = result.metrics[metric], reference.metrics[metric]
+            assert abs(got - want) <= 1e-4 + 1e-4 * abs(want), (
+                f"{what}: rank {rank} metric {metric} {got} != {want}"
+            )
+    try:
+        _check_state(base, results, workers, model, steps, what, rtol, (atol_fraction, atol_fraction))
+    except AssertionError:
+        if base.dtype != "float32":  # as draft_runs.check_step: float64 keeps the fixed bound
+            raise
+        change_cost, momentum_cost = shadow_distance(model)
+        widened = (
+            max(atol_fraction, SHADOW_SPREAD * change_cost),
+            max(atol_fraction, SHADOW_SPREAD * momentum_cost),
+        )
+        if widened == (atol_fraction, atol_fraction):
+            raise
+        _check_state(base, results, workers, model, steps, what, rtol, widened)
+
+
+def _check_state(
+    base: DraftCase,
+    results: Sequence[Any],
+    workers: dict,
+    model: Model,
+    steps: int,
+    what: str,
+    rtol: float,
+    atol_fractions: tuple[float, float],
+) -> None:
+    """The master parameters' change and the momentum buffers of every rank,
+    each within ``rtol`` of its value plus its ``atol_fractions`` entry (change,
+    momentum) of the float64 model's largest one."""
+    layout = base.layout
+    change_atol, momentum_atol = atol_fractions
     change = {n: model.master[n] - model.initial[n] for n in model.master}
     change_scale = max((float(v.abs().max()) for v in change.values() if v.numel()), default=0.0) or 1.0
     momentum = model.momentum or {}
     momentum_scale = max((float(v.abs().max()) for v in momentum.values() if v.numel()), default=0.0) or 1.0
     for rank, result in enumerate(results):
         tp_rank = layout.coords(rank).tp
-        for metric in METRIC_NAMES:
-            got, want = result.metrics[metric], reference.metrics[metric]
-            assert abs(got - want) <= 1e-4 + 1e-4 * abs(want), (
-                f"{what}: rank {rank} metric {metric} {got} != {want}"
-            )
         for name, value in result.params.items():
             initial = shard(model.initial[name], name, tp_rank, layout.tp)
             expected = shard(change[name], name, tp_rank, layout.tp)
             error = (value.to(torch.float64) - initial - expected).abs()
-            allowed = atol_fraction * change_scale + rtol * expected.abs()
+            allowed = change_atol * change_scale + rtol * expected.abs()
             assert bool((error <= allowed).all()), (
                 f"{what}: rank {rank}'s {name} after {steps} step(s) is off the float64 model by "
-                f"{float(error.max()):.3e} (allowed {atol_fraction:.0e} x {change_scale:.3e} + {rtol:.0e} x |change|)"
+                f"{float(error.max()):.3e} (allowed {change_atol:.1e} x {change_scale:.3e} + {rtol:.0e} x |change|)"
             )
     for rank, worker in workers.items():
         tp_rank = layout.coords(rank).tp
@@ -268,9 +338,9 @@ def _check_step(
         for name, buffer in worker.optimizer.buffers.items():
             expected = shard(momentum[name], name, tp_rank, layout.tp)
             error = (buffer.to(torch.float64) - expected).abs()
-            allowed = atol_fraction * momentum_scale + rtol * expected.abs()
+            allowed = momentum_atol * momentum_scale + rtol * expected.abs()
             assert bool((error <= allowed).all()), (
                 f"{what}: rank {rank}'s momentum buffer of {name} after {steps} step(s) is off the float64 "
-                f"model by {float(error.max()):.3e} (allowed {atol_fraction:.0e} x {momentum_scale:.3e} + "
+                f"model by {float(error.max()):.3e} (allowed {momentum_atol:.1e} x {momentum_scale:.3e} + "
                 f"{rtol:.0e} x |buffer|)"
             )

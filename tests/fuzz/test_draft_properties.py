@@ -19,14 +19,14 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
         sys.path.insert(0, str(_folder))
 
 from cotrain_faults import assert_bitwise_equal  # noqa: E402
-from cotrain_harness import check_against, check_ranks_agree, reference_of  # noqa: E402
+from cotrain_harness import check_ranks_agree, reference_of  # noqa: E402
 from draft_cases import DraftCase, bad_input_cases, draft_cases, fault_cases  # noqa: E402
 from draft_runs import (  # noqa: E402
     BAD_INPUT_MESSAGES,
     PEER_MESSAGE,
     agreed_representatives,
-    check_params_and_metrics,
     check_replicas_agree,
+    check_step,
     check_updates,
     cover,
     fault_then_retry,
@@ -90,22 +90,16 @@ def test_layout_invariance(case: DraftCase) -> None:
         ),
         label="layout invariance: worst error / tolerance vs float64",
     )
-    what = f"{case.mode} vs float64 reference"
-    if gradients:
-        check_against(
-            case.layout,
-            results,
-            lambda rank: reference,
-            rtol=rtol,
-            atol_fraction=atol,
-            what=what,
-            tp_sharded_expected=True,
-            ranks=ranks,
-        )
-    else:
-        check_params_and_metrics(
-            case, results, reference, rtol=rtol, atol_fraction=atol, what=what, ranks=ranks
-        )
+    check_step(
+        case,
+        results,
+        lambda rank: reference,
+        which="vs_reference",
+        what=f"{case.mode} vs float64 reference",
+        tp_sharded_expected=True,
+        gradients=gradients,
+        ranks=ranks,
+    )
     steer(
         check_updates(case, results, reference, ranks=ranks),
         label="layout invariance: worst update error / tolerance (float32)",
@@ -145,27 +139,16 @@ def test_split_equals_monolithic(case: DraftCase) -> None:
         ),
         label="split vs monolithic: worst error / tolerance",
     )
-    if gradients:
-        check_against(
-            case.layout,
-            split,
-            lambda rank: mono[rank],
-            rtol=rtol,
-            atol_fraction=atol,
-            what="split vs monolithic",
-            tp_sharded_expected=False,
-            ranks=ranks,
-        )
-    else:
-        check_params_and_metrics(
-            case,
-            split,
-            lambda rank: mono[rank],
-            rtol=rtol,
-            atol_fraction=atol,
-            what="split vs monolithic",
-            ranks=ranks,
-        )
+    check_step(
+        case,
+        split,
+        lambda rank: mono[rank],
+        which="split_vs_monolithic",
+        what="split vs monolithic",
+        tp_sharded_expected=False,
+        gradients=gradients,
+        ranks=ranks,
+    )
 
 
 @relaxed

@@ -144,11 +144,13 @@ def run_modes(
     return {mode: [r[mode] for r in per_rank] for mode in modes}, global_batch
 
 
-def reference_of(config: CotrainConfig, global_batch) -> ReferenceResult:
+def reference_of(
+    config: CotrainConfig, global_batch, *, dtype: torch.dtype = torch.float64
+) -> ReferenceResult:
     # The reference starts from the very values the workers start from: the
     # float64 initial parameters rounded through the model dtype.
     initial = {n: v.to(config.dtype).to(torch.float64) for n, v in full_initial_parameters(config).items()}
-    return reference_step(config, initial, *global_batch)
+    return reference_step(config, initial, *global_batch, dtype=dtype)
 
 
 # --------------------------------------------------------------- comparison

@@ -40,15 +40,19 @@ def reference_step(
     mask,
     bin_ids,
     momentum: dict[str, torch.Tensor] | None = None,
+    *,
+    dtype: torch.dtype = torch.float64,
 ) -> ReferenceResult:
     """One step of ``config``'s model from ``params`` (full float64 tensors) on the global batch.
 
     ``momentum``: the SGD momentum buffers of earlier steps (None: the first step,
-    whose buffer starts as the update itself)."""
-    P = {
-        name: value.detach().to(torch.float64).clone().requires_grad_(True) for name, value in params.items()
-    }
-    mask = mask.to(torch.float64)
+    whose buffer starts as the update itself). ``dtype``: the precision of every
+    operation; float32 makes a shadow, the same maths rounded as the workers'
+    float32 arithmetic rounds (in another order), whose distance from the
+    float64 result is what float32 costs on this very case (see
+    draft_runs.float32_cost)."""
+    P = {name: value.detach().to(dtype).clone().requires_grad_(True) for name, value in params.items()}
+    mask = mask.to(dtype)
     hidden = P["embedding.weight"][tokens]
     for i in range(config.num_layers):
         inner = torch.tanh(hidden @ P[f"layers.{i}.fc1.weight"].T + P[f"layers.{i}.fc1.bias"])
@@ -71,13 +75,11 @@ def reference_step(
     student = draft_hidden @ P["draft.head.weight"].T
     soft_ce = -(torch.softmax(teacher, dim=-1) * torch.log_softmax(student, dim=-1)).sum(-1)
     bins = _shift_left(bin_ids)
-    weights = torch.tensor(config.bin_weights, dtype=torch.float64)
-    numerators = torch.zeros(config.num_bins, dtype=torch.float64).index_add(
+    weights = torch.tensor(config.bin_weights, dtype=dtype)
+    numerators = torch.zeros(config.num_bins, dtype=dtype).index_add(
         0, bins.reshape(-1), (soft_ce * policy_mask).reshape(-1)
     )
-    counts = torch.zeros(config.num_bins, dtype=torch.float64).index_add(
-        0, bins.reshape(-1), policy_mask.reshape(-1)
-    )
+    counts = torch.zeros(config.num_bins, dtype=dtype).index_add(0, bins.reshape(-1), policy_mask.reshape(-1))
     weighted_count = float((weights * counts).sum())
     weighted_sum = (weights * numerators).sum()
     draft_loss = weighted_sum / weighted_count if weighted_count > 0 else weighted_sum * 0.0
