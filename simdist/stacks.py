@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import sysconfig
 import traceback
 from types import FrameType
 
@@ -71,9 +72,34 @@ def _short(filename: str) -> str:
 _site_cache: dict[int, tuple[object, str | None]] = {}
 
 
-def call_site(skip: int = 1) -> str:
-    """``file:line`` of the nearest user frame above the caller."""
+# The standard library's own modules (``copy.deepcopy`` running a tensor's
+# ``__deepcopy__``): the user's line is the one that called into them. Packages
+# installed beside it (site-packages) are user code.
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_DISPATCH_HANDLERS = frozenset({"__torch_dispatch__", "__torch_function__"})
+
+
+def _is_site(filename: str) -> bool:
+    if not _is_user(filename):
+        return False
+    return not filename.startswith(_STDLIB) or "site-packages" in filename or "dist-packages" in filename
+
+
+def call_site(skip: int = 1, *, outside_dispatch: bool = False) -> str:
+    """``file:line`` of the nearest user frame above the caller.
+
+    ``outside_dispatch``: above every ``__torch_dispatch__`` or
+    ``__torch_function__`` handler on the stack too (a user's mode or
+    subclass forwarding the op), so the line is the one that ran the op."""
     frame: FrameType | None = sys._getframe(skip)
+    if outside_dispatch:
+        outermost, walk = None, frame
+        while walk is not None:
+            if walk.f_code.co_name in _DISPATCH_HANDLERS:
+                outermost = walk
+            walk = walk.f_back
+        if outermost is not None:
+            frame = outermost.f_back
     for _ in range(40):
         if frame is None:
             break
@@ -83,7 +109,7 @@ def call_site(skip: int = 1) -> str:
             short = entry[1]
         else:
             filename = os.path.abspath(code.co_filename)
-            short = _short(filename) if _is_user(filename) else None
+            short = _short(filename) if _is_site(filename) else None
             _site_cache[id(code)] = (code, short)
         if short is not None:
             return f"{short}:{frame.f_lineno}"

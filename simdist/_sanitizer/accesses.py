@@ -47,6 +47,11 @@ _METADATA_ONLY = frozenset(
     }
 )
 
+# Ops that read values yet carry no data_dependent_output tag (torch 2.13):
+# is_nonzero decomposes to a tagged _local_scalar_dense before a mode sees
+# it on CPU, but a subclass's dispatch may be handed it whole.
+_READ_UNTAGGED = frozenset({"is_nonzero"})
+
 _cache: dict[Any, tuple[tuple[str, int | None, str], ...]] = {}
 
 
@@ -55,7 +60,7 @@ def _plan(func: Any) -> tuple[tuple[str, int | None, str], ...]:
     plan = _cache.get(func)
     if plan is not None:
         return plan
-    if func._schema.name.split("::")[-1] in _METADATA_ONLY:
+    if func._schema.name.split("::")[-1] in _METADATA_ONLY or _answers_from_metadata(func):
         plan = ()
     else:
         rows = []
@@ -71,6 +76,21 @@ def _plan(func: Any) -> tuple[tuple[str, int | None, str], ...]:
         plan = tuple(rows)
     _cache[func] = plan
     return plan
+
+
+def _answers_from_metadata(func: Any) -> bool:
+    """Ops that return no tensor and whose answer does not depend on the
+    data (``is_pinned``, ``is_same_size``, ``dim``, ``_version``): PyTorch tags
+    the ones that read values (``item``, ``equal``, ``allclose``) with
+    ``data_dependent_output``, and ops that write return what they wrote."""
+    if func._schema.name.split("::")[-1] in _READ_UNTAGGED:
+        return False
+    returns = func._schema.returns
+    if any("Tensor" in str(r.type) for r in returns):
+        return False
+    if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+        return False  # writes, returning nothing (record_stream's kind aside, a mutation)
+    return torch.Tag.data_dependent_output not in func.tags
 
 
 def accesses(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[tuple[torch.Tensor, str]]:

@@ -6,6 +6,7 @@ It is on a thread's stack only while the rank has something in flight
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -24,6 +25,7 @@ from .report import race_message
 # itself, and a wait must go through (it is what ends the race).
 _PASS_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "profiler"})
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # what Tensor (and a subclass not overriding it) has
 
 
 class ThreadState(threading.local):
@@ -52,14 +54,21 @@ class SanitizerMode(TorchDispatchMode):
         kwargs = kwargs or {}
         entries: dict[int, InFlight] = self.book.entries
         if entries and not here.quiet and func.namespace not in _PASS_NAMESPACES:
-            for t in types:
-                if t not in _PLAIN:
-                    # A tensor subclass (DTensor, AsyncCollectiveTensor): let it
-                    # run; the plain ops it runs come back here.
-                    return NotImplemented
-            checked_ops[0] += 1
-            # A snapshot: a helper thread of the rank may end a call meanwhile.
-            _check(self.book.rank, tuple(entries.values()), func, args, kwargs)
+            dispatching = [t for t in types if not _plain_type(t)]
+            if not dispatching:
+                checked_ops[0] += 1
+                # A snapshot: a helper thread of the rank may end a call meanwhile.
+                _check(self.book.rank, tuple(entries.values()), func, args, kwargs)
+            elif not _fake(dispatching):
+                # A subclass with a dispatch of its own (DTensor,
+                # AsyncCollectiveTensor, a user's wrapper): it runs with this
+                # mode still on the stack, so the ops it runs on the tensors
+                # holding its values come back here and are checked.
+                return NotImplemented
+            # Fake tensors hold no memory to race on; the fake mode below
+            # this one (DTensor's sharding propagation, torch.compile's
+            # tracing) computes them. Handing them back would leave the op
+            # with no handler: a fake tensor declines while its mode is on.
         here.dispatching += 1
         try:
             return func(*args, **kwargs)
@@ -67,9 +76,27 @@ class SanitizerMode(TorchDispatchMode):
             here.dispatching -= 1
 
 
+def _fake(types: Any) -> bool:
+    module = sys.modules.get("torch._subclasses.fake_tensor")  # not imported: no fake tensor exists
+    fake = getattr(module, "FakeTensor", None)
+    return fake is not None and any(issubclass(t, fake) for t in types)
+
+
+def _holds_its_values(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's own storage is its memory: plain tensors and
+    every subclass without a dispatch of its own (``nn.Parameter`` and its
+    subclasses, ``as_subclass`` types). A subclass with one never gets here:
+    the mode hands such ops back, and its inner tensors come back plain."""
+    return _plain_type(type(tensor))
+
+
+def _plain_type(kind: type) -> bool:
+    return kind in _PLAIN or getattr(kind, "__torch_dispatch__", None) is _NO_DISPATCH
+
+
 def _check(rank: int, entries: Iterable[InFlight], func: Any, args: Any, kwargs: Any) -> None:
     for tensor, access in accesses(func, args, kwargs):
-        if type(tensor) not in _PLAIN:
+        if not _holds_its_values(tensor):
             continue
         mine = None
         for entry in entries:
@@ -80,5 +107,5 @@ def _check(rank: int, entries: Iterable[InFlight], func: Any, args: Any, kwargs:
                     mine = footprint(tensor)
                 if overlaps(mine, fp):
                     op = str(func.overloadpacket)
-                    site = stacks.call_site(2)
+                    site = stacks.call_site(2, outside_dispatch=True)
                     raise AsyncRaceError(race_message(rank, op, site, access, entry, role))
