@@ -48,7 +48,7 @@ from ._backend import timeouts
 from ._core import identity
 from ._core.records import Waitable
 from ._run import run as simdist_run
-from .errors import SimulationError
+from .errors import RankError, SimulationError
 
 __all__ = [
     "KNOWN_TORCH",
@@ -503,13 +503,22 @@ def _run_threaded(world_size: int, per_rank: Callable[[int], None], fn: Any, cls
     def rank_body(ctx: Any) -> None:
         try:
             per_rank(ctx.rank)
-        except BaseException as exc:
-            if isinstance(exc, SimulationError):
-                raise
+        except Exception:
+            # A failure of the rank's own: simdist releases the peers that
+            # wait on it (as the threaded PG's exception_handle wakes them)
+            # instead of reporting them as deadlocked on a finished rank.
+            raise
+        except BaseException as exc:  # SystemExit: the harness's skip codes
             failures[ctx.rank] = (type(exc), exc, exc.__traceback__)
 
     common = _module(_COMMON)
-    simdist_run(rank_body, world_size=world_size, timeout=float(common.TIMEOUT_DEFAULT))
+    try:
+        simdist_run(rank_body, world_size=world_size, timeout=float(common.TIMEOUT_DEFAULT))
+    except RankError as error:
+        if any(isinstance(exc, SimulationError) for exc in error.failures.values()):
+            raise  # simdist's own verdict (a mismatch, a deadlock inside a rank)
+        for rank, exc in error.failures.items():
+            failures[rank] = (type(exc), exc, exc.__traceback__)
     cls._check_return_codes(sorted(failures.items()), common.TIMEOUT_DEFAULT, fn)
 
 

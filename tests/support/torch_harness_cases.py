@@ -101,6 +101,13 @@ class ThreadCases(MultiThreadedTestCase):
     def test_skips(self) -> None:
         raise unittest.SkipTest("not here")
 
+    def test_rank_one_fails_while_the_others_wait_for_it(self) -> None:
+        out = [torch.empty(2) for _ in range(4)]
+        dist.all_gather(out, torch.full((2,), float(self.rank)))
+        if self.rank == 1:
+            raise AssertionError("rank one fails between two all_gathers")
+        dist.all_gather(out, torch.full((2,), float(self.rank)))
+
 
 def decorated_cases() -> type[unittest.TestCase]:
     """Built on call: ``spawn_threads_and_init_comms`` decorates when the class
@@ -118,6 +125,15 @@ def decorated_cases() -> type[unittest.TestCase]:
         def test_rank_zero_fails(self) -> None:
             if dist.get_rank() == 0:
                 raise ValueError("rank zero's own mistake")
+
+        @harness.spawn_threads_and_init_comms(world_size=4)
+        def test_every_rank_but_zero_fails_while_zero_waits(self) -> None:
+            t = torch.full((3,), float(dist.get_rank()))
+            out = [torch.empty(3) for _ in range(4)]
+            dist.all_gather(out, t)
+            if dist.get_rank() > 0:
+                raise AssertionError("Mimic real test failure.")
+            dist.all_gather(out, t)
 
     return DecoratedCases
 

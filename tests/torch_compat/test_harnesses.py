@@ -81,6 +81,26 @@ def test_spawn_threads_and_init_comms(compat: None) -> None:
     assert "Thread 0 exited with exception" in text and "rank zero's own mistake" in text
 
 
+@pytest.mark.parametrize("adapter", ["simdist", "native"])
+def test_peers_waiting_on_a_failed_rank_report_the_failure_not_a_deadlock(adapter: str) -> None:
+    """The threaded PG wakes the peers of a rank that raised; the harness then
+    reports the rank's own error. simdist releases them the same way (a
+    DeadlockError is for worlds where no rank failed)."""
+    was = torch_compat.installed()
+    (torch_compat.install if adapter == "simdist" else torch_compat.uninstall)()
+    try:
+        text = error_text(outcome(cases.ThreadCases, "test_rank_one_fails_while_the_others_wait_for_it"))
+        assert "Thread 1 exited with exception" in text and "rank one fails between two all_gathers" in text
+        assert "DeadlockError" not in text and "Thread 0 exited" not in text
+        decorated = cases.decorated_cases()
+        text = error_text(outcome(decorated, "test_every_rank_but_zero_fails_while_zero_waits"))
+        assert "Mimic real test failure." in text and "DeadlockError" not in text
+        # Which failing threads the native harness lists depends on thread timing.
+        assert any(f"Thread {rank} exited with exception" in text for rank in (1, 2, 3))
+    finally:
+        (torch_compat.install if was else torch_compat.uninstall)()
+
+
 def test_dtensor_with_comms(compat: None) -> None:
     assert passed(outcome(cases.DTensorCases, "test_redistribute_shard_to_replicate"))
 
