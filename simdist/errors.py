@@ -2,14 +2,63 @@
 
 from __future__ import annotations
 
+import pickle
+import traceback
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound=BaseException)
 
 
 class SimulationError(Exception):
-    """Base class of every error simdist raises about a simulated world."""
+    """Base class of every error simdist raises about a simulated world.
+
+    Every one pickles and unpickles (a ``ProcessPoolExecutor`` sweep over
+    ``simdist.run`` gets its errors back): the message, every attribute that
+    pickles (a ``RankError``'s ``failures``, a run's ``results``), the rest as
+    text (an exception by its type and message), and the cause chain, which
+    pickle drops, as text in ``cause_text`` and as a note on the error.
+    """
+
+    cause_text: str | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {key: _portable(value) for key, value in vars(self).items()}
+        if self.__cause__ is not None and self.cause_text is None:
+            state["cause_text"] = "".join(traceback.format_exception(self.__cause__)).rstrip()
+        return (_rebuilt, (type(self), self.args), state)
+
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        state = state or {}
+        vars(self).update(state)
+        text = state.get("cause_text")
+        if text and hasattr(self, "add_note") and not any(text in n for n in getattr(self, "__notes__", ())):
+            self.add_note(f"caused, in the process that raised it, by:\n{text}")
+
+
+def _rebuilt(cls: type[SimulationError], args: tuple[Any, ...]) -> SimulationError:
+    """An instance of ``cls`` with ``args``, past a constructor that wants more."""
+    error = cls.__new__(cls, *args)
+    Exception.__init__(error, *args)
+    return error
+
+
+def _portable(value: Any) -> Any:
+    """``value`` if it pickles; an exception as its type and message; a dict or
+    list element by element; anything else as its repr."""
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:
+        pass
+    if isinstance(value, BaseException):
+        return RuntimeError(f"{type(value).__name__}: {value}")
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_portable(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return repr(value)
 
 
 class RankError(SimulationError):
