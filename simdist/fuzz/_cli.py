@@ -192,7 +192,7 @@ def replay_command(args: argparse.Namespace) -> int:
             case = read_case(path)
         except CaseFileError as exc:
             unusable += 1
-            print(f"ERROR  {path}: {exc}")
+            print(_unusable(path, exc))
             continue
         try:
             # A property's own sys.exit()/KeyboardInterrupt is the case failing
@@ -201,7 +201,7 @@ def replay_command(args: argparse.Namespace) -> int:
                 replay_case(path)
         except CaseFileError as exc:
             unusable += 1
-            print(f"ERROR  {path}: {exc}")
+            print(_unusable(path, exc))
             continue
         except (Exception, SystemExit) as exc:
             still_failing += 1
@@ -216,3 +216,10 @@ def replay_command(args: argparse.Namespace) -> int:
     if unusable:
         return ExitCode.USAGE
     return ExitCode.FAILED if still_failing else ExitCode.CLEAN
+
+
+def _unusable(path: Path, exc: CaseFileError) -> str:
+    """The ERROR line of a file that cannot be replayed (its path once: the
+    reader's messages already begin with it)."""
+    text = str(exc)
+    return f"ERROR  {text}" if text.startswith(f"{path}:") else f"ERROR  {path}: {text}"

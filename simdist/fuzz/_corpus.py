@@ -154,6 +154,17 @@ def read_case(path: str | Path) -> CaseFile:
     file = _field(p, data, "file", str, "the property file's path relative to the case file", required=False)
     if "::" not in target:
         raise CaseFileError(f"{p}: target {target!r} is not a pytest node id (path::function)")
+    # Only a Python file is imported to replay a case: anything else (a
+    # hand-edited path to a system file) is a damaged field, not a failure.
+    if not target.split("::", 1)[0].endswith(".py"):
+        raise CaseFileError(
+            f"{p}: field 'target' must name a Python test file (path.py::function), got {target!r:.80}"
+        )
+    if file is not None and not file.endswith(".py"):
+        raise CaseFileError(
+            f"{p}: field 'file' must be the property's Python file (a .py path relative to the case file), "
+            f"got {file!r:.80}"
+        )
     return CaseFile(p, target, case, error, found, file)
 
 

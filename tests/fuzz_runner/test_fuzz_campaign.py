@@ -299,3 +299,11 @@ def test_replay_rejects_unusable_files(capsys, monkeypatch, tmp_path):
     )
     code, out, _ = cli_in_process(capsys, monkeypatch, "replay", str(other))
     assert code == 2 and "not found" in out
+    # A hand-edited path to a file that is not Python names the field, once.
+    real = json.loads(next((ROOT / "fixtures" / "regressions").glob("test_split_*.json")).read_text())
+    for field, value in (("file", "../../etc/passwd"), ("target", "../../etc/passwd::test_x")):
+        edited = tmp_path / f"edited-{field}.json"
+        edited.write_text(json.dumps({**real, field: value}))
+        code, out, _ = cli_in_process(capsys, monkeypatch, "replay", str(edited))
+        assert code == 2 and f"field '{field}'" in out and "passwd" in out, out
+        assert "ModuleNotFoundError" not in out and out.count(str(edited)) == 1
