@@ -39,7 +39,13 @@ def resolve_database(spec: str | None) -> ExampleDatabase | None:
         if isinstance(obj, ExampleDatabase):
             return obj
         if callable(obj):
-            made = obj()
+            try:
+                made = obj()
+            except Exception as exc:  # the user's factory: its own error, named as the option's
+                raise DatabaseSpecError(
+                    f"--database {spec!r}: calling {module_name}.{attr}() to make the database raised "
+                    f"{type(exc).__name__}: {exc} (it must take no arguments and return an ExampleDatabase)"
+                ) from exc
             if isinstance(made, ExampleDatabase):
                 return made
             raise DatabaseSpecError(

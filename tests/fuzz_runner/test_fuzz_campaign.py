@@ -158,6 +158,7 @@ def test_workers_share_the_example_database_so_a_known_failure_replays_first(tmp
         (["--budget", "1", "tests/fuzz_targets/missing.py"], "does not exist"),
         (["--budget", "1", "--workers", "0", CLEAN], "--workers"),
         (["--budget", "1", "--database", "python:nowhere_module:db", CLEAN], "cannot load"),
+        (["--budget", "1", "--database", "python:json:dumps", CLEAN], "calling json.dumps() to make"),
         (["--budget", "1", "--report", "no/such/dir/r.json", CLEAN], "does not exist"),
     ],
 )
@@ -165,6 +166,29 @@ def test_usage_errors_exit_2_with_a_clear_message(capsys, monkeypatch, args, mes
     code, out, err = cli_in_process(capsys, monkeypatch, "fuzz", "--no-corpus", *args)
     assert code == 2, out + err
     assert message in err
+
+
+def test_a_database_factory_that_raises_is_a_usage_error_naming_the_option(capsys, monkeypatch):
+    import types
+
+    def database() -> None:
+        raise KeyError("FUZZ_REDIS_HOST")
+
+    monkeypatch.setitem(sys.modules, "ci_fuzzdb", types.SimpleNamespace(database=database))
+    code, out, err = cli_in_process(
+        capsys,
+        monkeypatch,
+        "fuzz",
+        "--no-corpus",
+        "--budget",
+        "1",
+        "--database",
+        "python:ci_fuzzdb:database",
+        CLEAN,
+    )
+    assert code == 2, out + err
+    assert "--database 'python:ci_fuzzdb:database'" in err and "KeyError: 'FUZZ_REDIS_HOST'" in err
+    assert "Traceback" not in out + err
 
 
 @pytest.mark.parametrize(
