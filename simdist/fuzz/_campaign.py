@@ -50,7 +50,7 @@ class ExitCode:
     CLEAN = 0
     FAILED = 1  # a property of the target failed
     USAGE = 2  # bad arguments, or a target that cannot be collected
-    CRASHED = 3  # simdist's own machinery broke (a worker died)
+    CRASHED = 3  # simdist's own machinery or its environment broke (a worker died, the database failed)
     INTERRUPTED = 130
 
 
@@ -397,7 +397,7 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
 def _exit_code(watch: _Watch, problems: list[str], stats: CampaignStats) -> int:
     if watch.interrupted:
         return ExitCode.INTERRUPTED
-    if any(p.startswith("crash") for p in problems):
+    if any(p.startswith(("crash", "environment error")) for p in problems):
         return ExitCode.CRASHED
     if any(p.startswith("target error") for p in problems):
         return ExitCode.USAGE
@@ -516,6 +516,11 @@ def _problems(
             problems.append(
                 f"crash: worker {k} died (exit {code}); this is simdist's fault, not the target's:\n    {tail}"
             )
+    for text in stats.environment_errors:
+        problems.append(
+            f"environment error: {text}; this is not the property's failure, and the campaign stopped "
+            "there (check the database, then run it again)"
+        )
     if not problems and not stats.properties:
         problems.append("target error: no Hypothesis property (@given test) found in the target")
     for k in sorted(stats.hung_workers):

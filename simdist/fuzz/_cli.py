@@ -53,7 +53,7 @@ def add_fuzz_parser(sub: argparse._SubParsersAction) -> None:
         help="run a fuzz campaign of Hypothesis properties under a wall-clock budget",
         description="Run Hypothesis properties again and again with fresh seeds until the budget is spent. "
         "Exit 0 when clean, 1 when a property failed, 2 on usage or target errors, "
-        "3 when simdist's own machinery crashed.",
+        "3 when simdist's own machinery or its environment (the example database) broke.",
     )
     p.add_argument(
         "targets",

@@ -53,6 +53,8 @@ class CampaignStats:
     cases_before_first_failure: dict[str, int] = field(default_factory=dict)
     rounds: int = 0
     collect_errors: int = 0
+    # What the environment raised (the example database), as text: not failures.
+    environment_errors: list[str] = field(default_factory=list)
     done_reasons: dict[int, str] = field(default_factory=dict)
     # Per worker: seconds after the campaign's start it was ready, pytest's rootdir.
     ready_at: dict[int, float] = field(default_factory=dict)
@@ -97,6 +99,11 @@ class CampaignStats:
             self.leaks.setdefault(str(event.get("p", "?")), list(event.get("threads", [])))
         elif kind == "failure":
             self._add_failure(worker, event)
+        elif kind == "environment":
+            self.environment_errors.append(
+                f"{event.get('what', 'the environment')} raised {event.get('error', '?')} "
+                f"(worker {worker}, in a round of {event.get('p', '?')})"
+            )
         elif kind == "collect_error":
             self.collect_errors += int(event.get("count", 1))
         elif kind == "done":

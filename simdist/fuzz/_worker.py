@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from ._database import resolve_database
+from ._database import GuardedDatabase, resolve_database
 from ._events import EventWriter, worker_file
 from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
 from ._property import clear_failures, in_flight_case, last_failure, spec_of, telling_interrupts_apart
@@ -83,6 +83,7 @@ class _Worker:
     guard: CaseDeadline | None = None
     unfired: UnfiredPlans | None = None
     leaked: set[str] = field(default_factory=set)
+    environment_failed: bool = False  # the example database raised: no round can be trusted
     call_failed: dict[str, str] = field(default_factory=dict)
 
     def elapsed(self) -> float:
@@ -90,6 +91,11 @@ class _Worker:
 
 
 _worker: _Worker | None = None
+
+
+def _guarded(spec: str | None) -> Any:
+    database = resolve_database(spec)
+    return None if database is None else GuardedDatabase(database, str(spec))
 
 
 def _marker(run_dir: Path, nodeid: str) -> Path:
@@ -114,7 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
         started=float(env["SIMDIST_FUZZ_STARTED"]),
         case_timeout=float(env.get("SIMDIST_FUZZ_CASE_TIMEOUT", "300")),
         stop_on_failure=env.get("SIMDIST_FUZZ_STOP_ON_FAILURE") == "1",
-        database=resolve_database(env.get("SIMDIST_FUZZ_DATABASE")),
+        database=_guarded(env.get("SIMDIST_FUZZ_DATABASE")),
         events=EventWriter(worker_file(run_dir, index)),
     )
     # Before collection, so properties decorated with their own @settings
@@ -242,6 +248,10 @@ def _search(w: _Worker, props: list[_PropertyState], items: dict[str, pytest.Ite
                 stop = True
                 break
             _run_round(w, prop, items[prop.nodeid], rng, left, len(live))
+            if w.environment_failed:
+                stop = True
+                reason = "the example database failed"
+                break
             if prop.failed and w.stop_on_failure:
                 (w.run_dir / "stop").touch()
                 reason = "stopped at the first failure"
@@ -301,6 +311,19 @@ def _run_round(
         t=w.elapsed(),
     )
     longrepr = w.call_failed.get(item.nodeid)
+    error = w.database.take_error() if isinstance(w.database, GuardedDatabase) else None
+    if error is not None:
+        # Raised by the database, not by the property: the environment's
+        # failure, whatever the round's outcome says.
+        w.environment_failed = True
+        w.events.emit(
+            "environment",
+            p=prop.nodeid,
+            what=f"the example database ({w.database.spec})",
+            error=f"{type(error).__name__}: {error}",
+            t=w.elapsed(),
+        )
+        return
     if longrepr is None:
         return
     _emit_failure(w, prop, seed, last_failure(fn), longrepr, shrunk=True)

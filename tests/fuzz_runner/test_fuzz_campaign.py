@@ -331,3 +331,37 @@ def test_replay_rejects_unusable_files(capsys, monkeypatch, tmp_path):
         code, out, _ = cli_in_process(capsys, monkeypatch, "replay", str(edited))
         assert code == 2 and f"field '{field}'" in out and "passwd" in out, out
         assert "ModuleNotFoundError" not in out and out.count(str(edited)) == 1
+
+
+DOWN_DATABASE = '''
+from hypothesis.database import ExampleDatabase
+
+
+class Down(ExampleDatabase):
+    """A shared database whose server is not there."""
+
+    def _refused(self, *args):
+        raise ConnectionError("Connection refused: the shared example database is down")
+
+    save = fetch = delete = move = _refused
+
+
+def database():
+    return Down()
+'''
+
+
+def test_a_database_that_fails_is_the_environments_error_not_the_propertys(tmp_path):
+    (tmp_path / "down_db.py").write_text(DOWN_DATABASE)
+    proc, report = fuzz(
+        tmp_path,
+        *("--budget", "5", "--workers", "2", "--seed", "2", "--no-corpus"),
+        *("--database", "python:down_db:database", CLEAN),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert report["failures"] == []
+    problems = [p for p in report["problems"] if p.startswith("environment error")]
+    assert problems and all("ConnectionError: Connection refused" in p for p in problems)
+    assert "example database" in problems[0] and "not the property's failure" in problems[0]
+    assert "environment error" in proc.stderr
