@@ -24,6 +24,7 @@ from ..layout import Layout
 from ..policy import make_policy
 from ..reduction import ReductionModel, make_model
 from ..trace import DEFAULT_RECORDS
+from .limits import check_world_fits
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -37,11 +38,14 @@ def resolve_world(
     if layout is None:
         if world_size is None:
             raise ValueError(f"{caller} needs layout=Layout(...) or world_size=N")
-        return None, check_int("world_size", world_size, minimum=1)
+        size = check_int("world_size", world_size, minimum=1)
+        check_world_fits(size)
+        return None, size
     if world_size is not None and world_size != layout.world_size:
         raise ValueError(
             f"world_size={world_size!r} disagrees with {layout} (world size {layout.world_size})"
         )
+    check_world_fits(int(layout.world_size))  # type: ignore[arg-type]  # set by Layout's checks
     return layout, int(layout.world_size)  # type: ignore[arg-type]  # set by Layout's checks
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import sys
 
 import pytest
 import torch
@@ -285,3 +286,30 @@ def test_the_marker_refuses_what_is_no_run_option(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(
         ["*unknown argument(s) caller, shedule; expected layout, layouts, world_size*"]
     )
+
+
+def test_a_world_too_large_for_the_os_is_refused_at_once_naming_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from simdist._run import limits
+
+    monkeypatch.setattr(limits, "thread_limits", lambda: {"kernel.threads-max": 5000})
+    start = time.monotonic()
+    for kwargs in ({"world_size": 10**8, "timeout": 2}, {"layout": simdist.Layout(dp=10**8)}):
+        with pytest.raises(
+            ValueError, match=r"world_size 100000000 cannot run here.*kernel.threads-max = 5000"
+        ):
+            simdist.run(lambda ctx: None, **kwargs)
+    assert time.monotonic() - start < 5  # refused before anything per rank is built
+    assert simdist.run(lambda ctx: ctx.rank, world_size=3) == [0, 1, 2]  # within the limit: runs
+
+
+def test_the_os_limits_are_read_where_the_os_tells_them() -> None:
+    from simdist._run.limits import thread_limits
+
+    found = thread_limits()
+    assert all(isinstance(v, int) and v > 0 for v in found.values())
+    if sys.platform.startswith("linux"):
+        assert "kernel.threads-max" in found
