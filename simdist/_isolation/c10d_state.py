@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .._core.identity import me
+from ..errors import SimulationError
 from . import c10d_imports, patches
 
 _install_lock = threading.Lock()
@@ -43,12 +44,32 @@ _scopes = itertools.count(1)
 SCOPE_SEP = "@simdist"
 
 
+class _GroupMap(dict):
+    """c10d's map of a rank's groups. Looking up a group that a run which has
+    ended made (kept in a module global, returned from its body) raises that
+    run's "already ended" error, naming it, instead of c10d's "not
+    initialized in the world group map"."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = super().get(key, _MISSING)
+        if value is not _MISSING:
+            return value
+        scheduler = getattr(key, "_scheduler", None)
+        ended = getattr(getattr(scheduler, "_aborts", None), "closed_error", None)
+        if isinstance(ended, BaseException):
+            raise SimulationError(str(ended))  # its own instance: ranks raise it at once
+        return default
+
+
+_MISSING = object()
+
+
 class RankWorldState:
     """The fields of ``c10d._World`` for one rank (shared by its threads)."""
 
     def __init__(self, scope: str = "") -> None:
         self.default_pg: Any = None
-        self.pg_map: dict = {}
+        self.pg_map: dict = _GroupMap()
         self.pg_names: dict = {}
         self.pg_group_ranks: dict = {}
         self.pg_backend_config: dict = {}

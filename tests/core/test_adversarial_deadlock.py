@@ -131,6 +131,33 @@ def test_a_group_used_after_its_run_raises_at_once(clean_world: None) -> None:
     assert isinstance(error, simdist.SimulationError) and "has already ended" in str(error)
 
 
+cached_groups: dict[str, Any] = {}
+
+
+def caching_body(ctx: simdist.RankContext) -> None:
+    cached_groups["pair"] = dist.new_group([0, 1])
+    cached_groups["world"] = dist.group.WORLD
+
+
+@pytest.mark.parametrize("which", ["pair", "world"])
+def test_a_group_kept_in_a_global_and_used_by_the_next_run_names_its_run(
+    clean_world: None, which: str
+) -> None:
+    """Through torch's own collectives (which look the group up in c10d's map
+    first), not the group's methods: the error names the run it belonged to."""
+    cached_groups.clear()
+    simdist.run(caching_body, world_size=2, timeout=TIMEOUT)
+
+    def next_run(ctx: simdist.RankContext) -> None:
+        dist.all_reduce(torch.ones(1), group=cached_groups[which])
+
+    with pytest.raises(simdist.RankError) as caught:
+        simdist.run(next_run, world_size=2, timeout=TIMEOUT)
+    for failure in caught.value.failures.values():
+        assert isinstance(failure, simdist.SimulationError)
+        assert "caching_body" in str(failure) and "has already ended" in str(failure)
+
+
 def escaping_then_timing_out_body(ctx: simdist.RankContext) -> Any:
     escaped.append(ctx.groups.world)
     if ctx.rank == 0:
