@@ -129,6 +129,13 @@ def _join(self: threading.Thread, timeout: float | None = None) -> None:
 def _init_executor(self: concurrent.futures.ThreadPoolExecutor, *args: Any, **kwargs: Any) -> None:
     _originals["executor_init"](self, *args, **kwargs)
     owner = _owner()
+    if owner is not None and compiling.holds_compile_lock():
+        # torch.compile's own pool (inductor's compile workers), made once
+        # and cached for the whole process: every rank and every later run
+        # compiles through it, so no rank's end may shut it down (the next
+        # compile, in this run or the next, would find it shut). Its workers
+        # run kernels' compilation only, never a rank's calls.
+        owner = None
     # Only a pool the rank created is the rank's: its workers are the rank's
     # helpers, and the rank's end shuts it down, as a process's exit would.
     self._simdist_owner = None if owner is None else (owner[0].scheduler, owner[1])  # type: ignore[attr-defined]  # simdist's mark on the pool
