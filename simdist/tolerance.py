@@ -62,6 +62,7 @@ def check_close(
     terms: int = 1,
     shadow: torch.Tensor | None = None,
     factor: float = 2.0,
+    stored_in: torch.dtype | None = None,
     what: str = "result",
 ) -> float:
     """Checks ``actual`` against the float64 ``reference``; returns the worst error as a
@@ -69,10 +70,22 @@ def check_close(
 
     The bound per element is ``factor * max(magnitude_bound(magnitudes, dtype, terms),
     |shadow - reference|)``, plus the smallest normal value of ``dtype`` (an exact zero
-    stays comparable). At least one of ``magnitudes`` and ``shadow`` is needed. Infinite
-    and NaN elements must sit where the reference has them."""
-    if magnitudes is None and shadow is None:
-        raise ValueError("check_close: give magnitudes= (the summed terms' |values|), shadow= or both")
+    stays comparable). At least one of ``magnitudes`` and ``shadow`` is needed, unless
+    ``stored_in`` is given. Infinite and NaN elements must sit where the reference has
+    them.
+
+    ``stored_in``: the result was computed in ``dtype`` and then rounded once to this
+    dtype (mixed precision's commonest pattern: a float32 sum stored in bfloat16). One
+    rounding adds at most ``u`` (``unit_roundoff(stored_in)``) of the value it rounds,
+    which is within the bound above of the reference, so the bound becomes
+    ``bound * (1 + u) + u * |reference|`` (plus ``u`` times the smallest normal value of
+    ``stored_in``, for values that round to a subnormal)."""
+    if stored_in is not None:
+        unit_roundoff(stored_in)  # a floating dtype, or the clear error
+    if magnitudes is None and shadow is None and stored_in is None:
+        raise ValueError(
+            "check_close: give magnitudes= (the summed terms' |values|), shadow=, stored_in= or a combination"
+        )
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1:
         raise ValueError(f"check_close: factor must be a number >= 1, got {factor!r}")
     got = actual.detach().to(torch.float64)
@@ -88,6 +101,9 @@ def check_close(
         )
     if shadow is not None:
         allowed = torch.maximum(allowed, (shadow.detach().to(torch.float64) - want).abs().nan_to_num(0.0))
+    if stored_in is not None:
+        u = unit_roundoff(stored_in)
+        allowed = allowed * (1 + u) + u * (want.abs().nan_to_num(0.0) + float(torch.finfo(stored_in).tiny))
     allowed = factor * allowed + float(torch.finfo(dtype).tiny)
     finite = torch.isfinite(want)
     same_specials = bool(((torch.isfinite(got) == finite) & (got.isnan() == want.isnan())).all())
@@ -105,5 +121,6 @@ def check_close(
                 f"reference {float(want.reshape(-1)[at]):.9g}, bound {float(allowed.reshape(-1)[at]):.3e}"
             )
         )
-        raise ToleranceError(f"{what}: {detail} ({dtype}, terms={terms}, factor={factor})")
+        stored = f", stored in {stored_in}" if stored_in is not None else ""
+        raise ToleranceError(f"{what}: {detail} ({dtype}{stored}, terms={terms}, factor={factor})")
     return worst

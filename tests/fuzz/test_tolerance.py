@@ -91,3 +91,35 @@ def test_a_bfloat16_embedding_gradient_is_summed_in_float32() -> None:
     exact = torch.zeros(2, 4, dtype=torch.float64).index_add_(0, ids, upstream.double())
     # One bfloat16 rounding of the float32 sum: 2**-8 relative, plus float32's own.
     check_close(weight.grad, exact, dtype=torch.bfloat16, magnitudes=exact.abs(), terms=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 512))
+def test_a_float32_sum_rounded_once_to_bfloat16_is_within_its_stored_in_bound(seed: int, n: int) -> None:
+    """Computed in float32, stored in bfloat16 (mixed precision's commonest pattern):
+    every such result passes, judged against float64 maths of the same terms."""
+    gen = torch.Generator().manual_seed(seed)
+    terms = torch.randn(64, n, dtype=torch.float64, generator=gen) * 10 ** torch.randint(
+        -3, 4, (64, 1), generator=gen
+    )
+    exact = terms.sum(-1)
+    stored = terms.float().sum(-1).to(torch.bfloat16)
+    magnitudes = terms.abs().sum(-1)
+    score = check_close(
+        stored, exact, dtype=torch.float32, magnitudes=magnitudes, terms=n, stored_in=torch.bfloat16
+    )
+    assert 0.0 <= score <= 1.0
+
+
+def test_the_stored_in_bound_catches_a_second_rounding_and_alone_bounds_one() -> None:
+    exact = torch.tensor([1.0 + 2**-8 + 2**-10, 3.0 + 3 * 2**-9], dtype=torch.float64)
+    once = exact.to(torch.bfloat16)
+    assert check_close(once, exact, dtype=torch.float64, stored_in=torch.bfloat16, factor=1.0) <= 1.0
+    # Moved by 4 units of bfloat16 roundoff before the rounding: more than one rounding costs.
+    off = (exact + 4 * 2**-8 * exact.abs()).to(torch.bfloat16)
+    with pytest.raises(ToleranceError, match=r"stored in torch\.bfloat16"):
+        check_close(off, exact, dtype=torch.float64, stored_in=torch.bfloat16, factor=1.0)
+    with pytest.raises(ValueError, match=r"floating torch\.dtype"):
+        check_close(once, exact, dtype=torch.float32, stored_in=torch.int8)
+    with pytest.raises(ValueError, match="stored_in="):
+        check_close(once, exact, dtype=torch.float32)
