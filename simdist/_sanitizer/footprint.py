@@ -40,6 +40,8 @@ def _covers_its_range(tensor: torch.Tensor) -> bool:
     tensor, any permutation of one). Expanded dimensions (stride 0) only
     repeat bytes. Anything else (``t[::2]``, a column of a matrix, an
     overlapping ``as_strided``) is compared element by element (``_exact``)."""
+    if tensor.is_contiguous():
+        return True
     expected = 1
     for stride, n in sorted((s, n) for n, s in zip(tensor.shape, tensor.stride()) if n > 1 and s != 0):
         if stride != expected:

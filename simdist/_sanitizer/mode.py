@@ -54,7 +54,7 @@ class SanitizerMode(TorchDispatchMode):
         kwargs = kwargs or {}
         entries: dict[int, InFlight] = self.book.entries
         if entries and not here.quiet and func.namespace not in _PASS_NAMESPACES:
-            dispatching = [t for t in types if not _plain_type(t)]
+            dispatching = [t for t in types if not _plain_type(t)] if types else types
             if not dispatching:
                 checked_ops[0] += 1
                 # A snapshot: a helper thread of the rank may end a call meanwhile.
@@ -96,7 +96,7 @@ def _plain_type(kind: type) -> bool:
 
 def _check(rank: int, entries: Iterable[InFlight], func: Any, args: Any, kwargs: Any) -> None:
     for tensor, access in accesses(func, args, kwargs):
-        if not _holds_its_values(tensor):
+        if type(tensor) not in _PLAIN and not _holds_its_values(tensor):
             continue
         mine = None
         for entry in entries:
