@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..errors import AsyncRaceError, UnwaitedWorkWarning
 from .footprint import footprint, overlaps
 from .group_order import GroupOrder
 from .inflight import InFlight
-from .mode import SanitizerMode, here
+from .mode import SanitizerMode, _plain_type, here
 from .report import unwaited_message
 from .stack import on_stack, push_bottom, remove
 
@@ -103,16 +104,30 @@ class RankBook:
 
 
 def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
-    """Plain tensors in a returned value (containers a few levels deep)."""
+    """Tensors holding memory in a returned value: in containers, dataclasses
+    and plain objects a few levels deep, and inside wrapper subclasses (the
+    tensors their ``__tensor_flatten__`` names)."""
     if isinstance(value, torch.Tensor):
-        return [value] if type(value) in (torch.Tensor, torch.nn.Parameter) else []
-    if depth > 3:
+        if _plain_type(type(value)):
+            return [value]
+        flatten = getattr(value, "__tensor_flatten__", None)
+        if flatten is None or depth > 3:
+            return []
+        names, _ = flatten()
+        return [t for name in names for t in _tensors(getattr(value, name, None), depth + 1)]
+    if depth > 3 or value is None or isinstance(value, (str, bytes, int, float, bool, type)):
         return []
     if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        out: list[torch.Tensor] = []
-        for item in value:
-            out.extend(_tensors(item, depth + 1))
-        return out
-    return []
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif dataclasses.is_dataclass(value):
+        items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    elif hasattr(value, "__dict__"):
+        items = list(vars(value).values())  # a plain object holding the buffer
+    else:
+        return []
+    out: list[torch.Tensor] = []
+    for item in items:
+        out.extend(_tensors(item, depth + 1))
+    return out

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -88,6 +90,32 @@ def test_a_work_never_waited_warns_with_its_call_site_and_strict_makes_it_an_err
         simdist.run(body, world_size=2, strict_async=True)
     assert isinstance(info.value.__cause__, simdist.AsyncRaceError)
     assert "test_sanitizer.py:" in str(info.value.__cause__)
+
+
+@dataclasses.dataclass
+class _Bucket:
+    name: str
+    grads: torch.Tensor
+
+
+class _Holder:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.state = {"buffer": t}
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda t: _Bucket("b", t), _Holder, lambda t: {frozenset({1}): [(t,)]}, lambda t: t.view(2, 1)],
+    ids=["dataclass", "plain-object", "nested-containers", "view"],
+)
+def test_the_unwaited_warning_sees_the_buffer_however_the_result_holds_it(wrap: Any) -> None:
+    def body(ctx: simdist.RankContext) -> Any:
+        t = torch.ones(2)
+        dist.all_reduce(t, async_op=True)
+        return wrap(t)
+
+    with pytest.warns(simdist.UnwaitedWorkWarning, match=r"never waited and the rank returned its buffers"):
+        simdist.run(body, world_size=2)
 
 
 # -- what ends a call's flight ------------------------------------------------------------
