@@ -233,3 +233,23 @@ def test_megatron_first_imported_inside_a_rank_is_still_per_rank() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["True", "False"], out.stdout
+
+
+def test_the_documented_recipe_runs_as_written() -> None:
+    """examples/megatron/recipe.py, the code docs/clients.md shows: its own checks
+    (groups equal the layout's, the layer's output) run inside main()."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "megatron" / "recipe.py"
+    spec = importlib.util.spec_from_file_location("megatron_recipe", path)
+    assert spec is not None and spec.loader is not None
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    results = recipe.main()
+    assert len(results) == recipe.LAYOUT.world_size
+    from megatron.core import parallel_state
+
+    assert (
+        not parallel_state.model_parallel_is_initialized()
+    )  # destroyed in every rank; the caller's untouched
