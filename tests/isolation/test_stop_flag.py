@@ -55,6 +55,12 @@ _PROGRAM = textwrap.dedent(
     threading.Thread(target=traced_thread, daemon=True).start()
     print("traced thread returned:", done.wait(10.0))
     release.set()
+    # Let the released helper finish before the interpreter does: a daemon
+    # thread still unwinding at exit can abort the process ("terminate called
+    # without an active exception", seen once under a loaded parallel run).
+    for thread in threading.enumerate():
+        if thread.name == "blocked-in-c":
+            thread.join(10.0)
     """
 )
 
