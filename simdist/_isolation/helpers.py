@@ -80,7 +80,7 @@ def _start(self: threading.Thread) -> None:
         finally:
             # No stop request (the rank's end, the watchdog) can land in the
             # clean-up once the gate is shut (see ``_core.identity``).
-            identity.leave(lambda: _helper_ended(scheduler, rank, helper))
+            identity.leave(lambda: _helper_ended(scheduler, world, rank, helper))
 
     # The interpreter must never wait for a helper at exit: simdist waits for
     # the rank's non-daemon helpers at the rank's end, and a helper it could
@@ -99,7 +99,10 @@ def _start(self: threading.Thread) -> None:
         self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
 
 
-def _helper_ended(scheduler: Scheduler, rank: int, helper: HelperSlot) -> None:
+def _helper_ended(scheduler: Scheduler, world: Any, rank: int, helper: HelperSlot) -> None:
+    from .. import _sanitizer
+
+    _sanitizer.helper_ended(world, rank)  # nothing of Python's left in the thread's C++ state
     logging_locks.release_if_stopped()  # a stop may have landed just after logging took a lock
     profiler.close_left_open()  # the process's one profiling session must not stay taken
     scheduler.remove_helper(rank, helper)

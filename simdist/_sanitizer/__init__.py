@@ -30,6 +30,7 @@ from .synchronous import p2p as synchronous_p2p
 
 __all__ = [
     "body_returned",
+    "helper_ended",
     "helper_started",
     "issued",
     "other_modes_active",
@@ -142,6 +143,12 @@ def helper_started(world: Any, rank: int) -> None:
     books = _books(world)
     if books:
         books[rank].pin()
+
+
+def helper_ended(world: Any, rank: int) -> None:
+    books = world.__dict__.get(_KEY)
+    if books:
+        books[rank].unpin()
 
 
 register_backward_patch(resync)

@@ -81,6 +81,16 @@ class RankBook:
             push_bottom(self.mode)
         here.pinned = True
 
+    def unpin(self) -> None:
+        """A helper thread's body is over: the mode leaves its stack before the
+        thread ends. Left there, the thread's C++ thread-local dispatch stack
+        would release the mode in its exit handlers, after Python has let the
+        thread go; if the interpreter is finalising by then, taking the GIL
+        ends the thread inside a destructor and the process aborts
+        ("terminate called without an active exception")."""
+        remove(self.mode)
+        here.pinned = False
+
     def ended(self, result: Any) -> None:
         """The body returned ``result``: report what it never waited."""
         left = list(self.entries.values())

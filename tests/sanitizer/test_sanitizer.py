@@ -357,3 +357,42 @@ def test_a_call_issued_while_another_is_in_flight_is_not_shown_to_the_shadow_gro
         return out.flatten().tolist()
 
     assert simdist.run(body, world_size=2) == [[2.0, 2.0], [2.0]]
+
+
+def test_a_helper_thread_ends_with_the_sanitizers_mode_off_its_stack() -> None:
+    """A helper carries its rank's mode for its life; when its body is over the
+    mode must leave the thread's dispatch stack. Left there, torch's C++
+    thread-local state releases it after Python has let the thread go, and a
+    process exiting at that moment aborted ("terminate called without an
+    active exception", a third of the runs of a profiling helper under load)."""
+    import sys
+    import threading
+
+    from torch._C import _len_torch_dispatch_stack
+
+    after_run: list[int] = []
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code.co_name == "run_as_rank":
+            after_run.append(_len_torch_dispatch_stack())
+
+    def body(ctx: simdist.RankContext) -> None:
+        if ctx.rank == 0:
+
+            def helper() -> None:
+                t = torch.ones(2)
+                dist.all_reduce(t, async_op=True).wait()
+
+            thread = threading.Thread(target=helper)
+            thread.start()
+            thread.join()
+        else:
+            dist.all_reduce(torch.ones(2))
+
+    threading.setprofile(watch)
+    try:
+        simdist.run(body, world_size=2, check_async=True)
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]  # None removes it; typeshed says no
+        sys.setprofile(None)
+    assert after_run == [0]
