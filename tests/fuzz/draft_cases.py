@@ -10,7 +10,7 @@ failure shrinks towards one rank, one microbatch and fully valid 0/1 masks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -584,20 +584,37 @@ def fault_cases(draw: st.DrawFn, *, max_world: int | None = None) -> DraftCase:
     # Only groups the layout has: a fault filtered on an axis of degree 1 (no
     # such calls) never fires, and its case tests a clean world.
     groups = (None, *(axis for axis in ("tp", "cp", "dp", "pp") if getattr(case, axis) > 1))
-    collective = draw(faults(world, groups=groups, max_nth=12))
+    # nth is drawn wide and wrapped onto the calls the step makes (fault_plan_of),
+    # so every matching call of the step, the last optimizer reduction included,
+    # can be the one that fails.
+    collective = draw(faults(world, groups=groups, max_nth=MAX_FAULT_NTH))
     fault: dict[str, Any] = (
         {"probe": probe.point, "rank": probe.rank} if use_probe else fault_to_json(collective)
     )
     return replace(case, fault=fault, warmup=draw(st.booleans()))
 
 
-def fault_plan_of(case: DraftCase):
-    """The simdist FaultPlan of a case's fault (None for a probe fault or no fault)."""
+MAX_FAULT_NTH = 64
+
+
+def fault_plan_of(case: DraftCase, matching_calls: Callable[[Any], int] | None = None):
+    """The simdist FaultPlan of a case's fault (None for a probe fault or no fault).
+
+    ``matching_calls(fault)``: how many calls of a clean run of the same step
+    the fault matches on its rank. A drawn ``nth`` past them is wrapped onto
+    them (``1 + (nth - 1) % calls``): unwrapped, about two in five drawn
+    collective faults named a call the step never makes and tested a clean
+    world. The wrap is a function of the case, so a replay fires the same call.
+    """
     from simdist import FaultPlan
 
     if case.fault is None or "probe" in case.fault:
         return None
-    return FaultPlan((fault_from_json(case.fault),))
+    fault = fault_from_json(case.fault)
+    calls = 0 if matching_calls is None else matching_calls(fault)
+    if calls > 0 and fault.nth > calls:
+        fault = replace(fault, nth=1 + (fault.nth - 1) % calls)
+    return FaultPlan((fault,))
 
 
 # Bad input on one rank: each kind is a batch (or argument) that this rank's own

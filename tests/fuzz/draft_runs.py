@@ -489,13 +489,24 @@ EXPECTED_FAILURES: tuple[type[BaseException], ...] = (
 )
 
 
-def _fault_body(ctx, workers: dict, config, batches, case: DraftCase, probe_fault: Mapping[str, Any] | None):
+def _fault_body(
+    ctx,
+    workers: dict,
+    config,
+    batches,
+    case: DraftCase,
+    probe_fault: Mapping[str, Any] | None,
+    reached: dict[int, list[str]] | None = None,
+):
     if ctx.rank not in workers:
         workers[ctx.rank] = CotrainWorker(config, groups_of(ctx))
     worker = workers[ctx.rank]
     worker.bind(groups_of(ctx))
     probe = None
-    if probe_fault is not None and ctx.attempt == 0 and ctx.rank == probe_fault["rank"]:
+    if reached is not None:
+        points = reached.setdefault(ctx.rank, [])
+        probe = points.append
+    elif probe_fault is not None and ctx.attempt == 0 and ctx.rank == probe_fault["rank"]:
         point = probe_fault["probe"]
 
         def probe(reached: str) -> None:
@@ -539,15 +550,40 @@ def _fault_then_retry(
     if case.warmup:
         for workers in (clean_workers, faulty_workers):
             simdist.run(_fault_body, args=(workers, config, warmup_batches, case, None), **run_kwargs)
-    clean = simdist.run(_fault_body, args=(clean_workers, config, batches, case, None), **run_kwargs)
+    reached: dict[int, list[str]] = {}
+    with simdist.CommStats() as calls:
+        clean = simdist.run(
+            _fault_body, args=(clean_workers, config, batches, case, None, reached), **run_kwargs
+        )
+    probe_fault = probe_within(probe_fault, reached)
     outcome = simdist.run_with_retry(
         _fault_body,
-        faults=fault_plan_of(case),
+        faults=fault_plan_of(
+            case, lambda fault: calls.count(rank=fault.rank, group=fault.group, op=fault.op).calls
+        ),
         retries=1,
         args=(faulty_workers, config, batches, case, probe_fault),
         **run_kwargs,
     )
     return clean, outcome.results, outcome
+
+
+def probe_within(
+    probe_fault: Mapping[str, Any] | None, reached: Mapping[int, Sequence[str]]
+) -> Mapping[str, Any] | None:
+    """The probe fault wrapped onto the optimizer points its rank reached in the
+    clean run. ``probe_points`` lists the optimizer's points up to the most
+    parameters any rank can hold; a rank holding fewer never reaches the last
+    ones, so a point drawn there (about one probe fault in four) aborted
+    nothing. Other points are kept as drawn: every rank must reach them, and the
+    property fails when one does not fire."""
+    if probe_fault is None or ":optimizer:" not in probe_fault["probe"]:
+        return probe_fault
+    mine = [p for p in reached.get(probe_fault["rank"], ()) if ":optimizer:" in p]
+    if not mine or probe_fault["probe"] in mine:
+        return probe_fault
+    index = int(probe_fault["probe"].rpartition(":")[2])
+    return {**probe_fault, "probe": mine[index % len(mine)]}
 
 
 def unexpected_failures(outcome: simdist.RetryOutcome) -> list[str]:

@@ -15,6 +15,7 @@ import mutants  # noqa: E402
 import pytest  # noqa: E402
 import test_draft_properties as properties  # noqa: E402
 import torch  # noqa: E402
+from cotrain_faults import assert_bitwise_equal  # noqa: E402
 from draft_cases import DraftCase, bad_input_cases, fault_cases  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from soft_ce_cases import SoftCECase, soft_ce_bad_input_cases  # noqa: E402
@@ -76,6 +77,30 @@ def _tiny_case(**overrides) -> DraftCase:
         clip=False,
     )
     return DraftCase(**(fields | overrides))
+
+
+def test_a_collective_fault_drawn_past_the_steps_calls_still_fires() -> None:
+    # Drawn nth values past the calls a step makes tested a clean world in about
+    # two of five collective-fault cases; they are wrapped onto the step's calls.
+    from draft_runs import fault_then_retry
+
+    fault = {"kind": "crash", "rank": 3, "op": "all_reduce", "group": "tp", "nth": 64}
+    _, _, outcome = fault_then_retry(_tiny_case(fault=fault))
+    assert outcome.errors and outcome.attempts == 2
+    assert "InjectedFault" in repr(outcome.errors[0].failures)
+
+
+def test_an_optimizer_probe_past_the_ranks_parameters_still_fires() -> None:
+    # probe_points lists the optimizer points of the largest stage; a pp=2 stage
+    # holds fewer parameters, so the last points were never reached.
+    from draft_cases import probe_points
+    from draft_runs import fault_then_retry
+
+    last = probe_points(1)[-1]
+    clean, retried, outcome = fault_then_retry(_tiny_case(fault={"probe": last, "rank": 5}))
+    assert outcome.errors, f"{last!r} on a pp=2 stage aborted nothing"
+    assert "probe fault at 'split:optimizer:" in str(outcome.errors[0])
+    assert_bitwise_equal(retried, clean)
 
 
 def test_every_property_declares_how_its_case_is_decoded() -> None:
