@@ -20,11 +20,14 @@ pytestmark = pytest.mark.gloo
 def test_pinned(known: Known) -> None:
     program = known.program()
     sim = diff_worlds.run_simdist(program)
-    gloo = diff_worlds.run_gloo(program, expect_hang=bool(sim.hung))
-    found = compare(program, gloo, sim)
-    explained = [d for d in found if explain(program, d) is known]
+    for _ in range(known.tries):  # a difference that needs gloo to lose a race: until it shows
+        gloo = diff_worlds.run_gloo(program, expect_hang=bool(sim.hung))
+        found = compare(program, gloo, sim)
+        assert not new_differences(program, found), [str(d) for d in new_differences(program, found)]
+        explained = [d for d in found if explain(program, d, found) is known]
+        if explained:
+            break
     assert explained, f"{known.name} no longer shows for {program}; differences: {[str(d) for d in found]}"
-    assert not new_differences(program, found), [str(d) for d in new_differences(program, found)]
 
 
 def test_entries_are_distinct_and_explained() -> None:
