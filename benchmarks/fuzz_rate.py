@@ -53,7 +53,7 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as exc:
             print(
                 f"simdist {argv_list[0]}: needs Hypothesis and pytest, the test extras "
-                f"(pip install -e '.[test]' in the checkout): {exc}",
+                f"(pip install 'torch-simdist[test]', or pip install -e '.[test]' in a clone): {exc}",
                 file=sys.stderr,
             )
             return 2

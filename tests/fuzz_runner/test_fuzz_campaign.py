@@ -309,7 +309,7 @@ def test_without_the_test_extras_the_commands_say_what_to_install():
             [sys.executable, "-c", code, *command], cwd=ROOT, capture_output=True, text=True, timeout=120
         )
         assert proc.returncode == 2, proc.stderr
-        assert "needs Hypothesis and pytest" in proc.stderr and "'.[test]'" in proc.stderr
+        assert "needs Hypothesis and pytest" in proc.stderr and "'torch-simdist[test]'" in proc.stderr
 
 
 def test_replay_rejects_unusable_files(capsys, monkeypatch, tmp_path):

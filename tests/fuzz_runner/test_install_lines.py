@@ -1,5 +1,6 @@
 """The tutorial's install lines (docs/fuzzing.md, the block marked ``doc-test: install``)
-run as written in a fresh virtualenv, in a copy of the checkout, and install this project.
+run as written in a fresh virtualenv, in a copy of the checkout, and install this project
+from its wheel: simdist alone, without the repository's draft_loss.
 
 The lines run unmodified; only where torch comes from differs:
 
@@ -109,6 +110,27 @@ def _installed(venv: Path, env: dict[str, str], names: tuple[str, ...]) -> dict[
     return found
 
 
+def _importable(venv: Path, env: dict[str, str], cwd: Path, names: tuple[str, ...]) -> dict[str, str | None]:
+    """Where the fresh virtualenv's interpreter imports each module from, run
+    outside the checkout (None: not importable)."""
+    code = (
+        "import importlib.util, json, sys\nout = {}\nfor n in sys.argv[1:]:\n"
+        "    spec = importlib.util.find_spec(n)\n    out[n] = spec.origin if spec else None\n"
+        "print(json.dumps(out))"
+    )
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code, *names],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found: dict[str, str | None] = json.loads(proc.stdout)
+    return found
+
+
 @pytest.mark.parametrize("torch_from", ["visible", pytest.param("pip", marks=pytest.mark.slow)])
 def test_install_lines_run_as_written_in_a_fresh_virtualenv(tmp_path: Path, torch_from: str) -> None:
     [block] = INSTALL_BLOCKS
@@ -148,8 +170,13 @@ def test_install_lines_run_as_written_in_a_fresh_virtualenv(tmp_path: Path, torc
         )
     found = _installed(venv, env, ("torch-simdist", "torch", *DEV_ONLY))
     assert found["torch-simdist"] is not None, found
+    # Installed from the wheel: simdist in the virtualenv, not a link to the checkout;
+    # draft_loss (this repository's system under test) is not put into users' environments.
+    where = _importable(venv, env, tmp_path, ("simdist", "draft_loss"))
+    assert where["simdist"] is not None and Path(where["simdist"]).is_relative_to(venv), where
+    assert where["draft_loss"] is None, f"the wheel installed draft_loss: {where}"
     # The CPU-torch line found torch installed and left it where it was.
     assert found["torch"] == torch_before, found
     # The user's extra only: the development tools stay out of a user's environment.
     leaked = [name for name in DEV_ONLY if found[name] is not None]
-    assert not leaked, f"`pip install -e '.[test]'` installed {leaked}: {found}"
+    assert not leaked, f"the tutorial's install lines installed {leaked}: {found}"
