@@ -91,6 +91,12 @@ class HelperBook:
         with self._lock:
             return list(self._slots.ranks[rank].helpers)
 
+    def live_everywhere(self) -> list[HelperSlot]:
+        """Every rank's live helpers, read in one hold of the lock (a lock per
+        rank contends with thousands of running ranks for seconds)."""
+        with self._lock:
+            return [h for slot in self._slots.ranks for h in slot.helpers]
+
     def item_queued(self, rank: int, pool: int) -> None:
         """A thread of ``rank`` submitted a work item to its pool ``pool`` (an
         id): the rank is not blocked while a worker of that pool can start it."""

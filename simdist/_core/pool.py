@@ -387,9 +387,11 @@ class PooledStart:
         self._fingerprint = fingerprint
         self._tidy = tidy
 
-    def start(self) -> None:
+    def start(self, deadline: float | None = None) -> None:
         """Return once every seat's thread runs; a thread the OS refused
-        raises ``spawn.StartFailed`` (the others keep running)."""
+        raises ``spawn.StartFailed``, and new threads still to start when
+        ``deadline`` (``time.monotonic()``) passes ``spawn.StartTimedOut``
+        (the others keep running)."""
         n, seats = len(self.threads), self.threads
         taken: list[_Worker] = []
         try:
@@ -420,7 +422,7 @@ class PooledStart:
                     pass  # a permit is already pending
         if fresh:
             offset, name = len(taken), self._name
-            starter = TreeStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i))
+            starter = TreeStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i), deadline)
             for worker, thread in zip(fresh, starter.threads):
                 worker.thread = thread
                 thread._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper

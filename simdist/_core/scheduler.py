@@ -164,6 +164,9 @@ class Scheduler:
     def live_helpers(self, rank: int) -> list[HelperSlot]:
         return self.helpers.live(rank)
 
+    def every_live_helper(self) -> list[HelperSlot]:
+        return self.helpers.live_everywhere()
+
     def item_queued(self, rank: int, pool: int) -> None:
         self.helpers.item_queued(rank, pool)
 

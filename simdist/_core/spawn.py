@@ -10,6 +10,7 @@ its own target, so many starts wait for the OS at once (about 4x faster).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from .latch import Latch
@@ -21,11 +22,27 @@ class StartFailed(RuntimeError):
     """A thread could not be started (the OS refused: thread or memory limits)."""
 
 
+class StartTimedOut(StartFailed):
+    """The deadline passed before every thread was started (thousands of ranks
+    under a short timeout: the OS starts each thread, a fraction of a ms)."""
+
+    def __init__(self, message: str, started: int) -> None:
+        super().__init__(message)
+        self.started = started
+
+
 class TreeStart:
     """Build ``n`` threads running ``target(i)``; ``start()`` starts them all."""
 
-    def __init__(self, n: int, target: Callable[[int], None], name: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        n: int,
+        target: Callable[[int], None],
+        name: Callable[[int], str],
+        deadline: float | None = None,
+    ) -> None:
         self._n = n
+        self._deadline = deadline  # time.monotonic(): no thread is started after it
         self._target = target
         self._lock = threading.Lock()
         self._started = 0
@@ -39,6 +56,8 @@ class TreeStart:
         first = FAN_OUT * i + 1
         for child in range(first, min(self._n, first + FAN_OUT)):
             try:
+                if self._deadline is not None and time.monotonic() > self._deadline:
+                    raise StartTimedOut("the deadline passed", self._started)
                 self.threads[child].start()
             except BaseException as exc:
                 with self._lock:
@@ -64,6 +83,10 @@ class TreeStart:
         except BaseException as exc:
             raise StartFailed(f"could not start thread {self.threads[0].name}: {exc}") from exc
         self._done.wait()
+        if isinstance(self._error, StartTimedOut):
+            raise StartTimedOut(
+                f"the deadline passed with {self._started} of {self._n} threads started", self._started
+            )
         if self._error is not None:
             raise StartFailed(
                 f"could not start every thread ({self._started} of {self._n} started): {self._error}"

@@ -95,7 +95,9 @@ class RankThreads:
                 self.go.wait()
             world.scheduler.acquire(rank)
             if world.scheduler.aborted is not None:  # interrupted before its body began
-                raise world.scheduler.aborted
+                # One error object raised by thousands of ranks: each raise
+                # would add its frames to the shared traceback.
+                raise world.scheduler.aborted.with_traceback(None)
             # Autograd would run CUDA backward on its device threads, which have
             # no rank; keep backward on the rank's own thread.
             with torch.autograd.set_multithreading_enabled(False):

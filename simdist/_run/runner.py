@@ -18,11 +18,12 @@ import torch
 from .._backend.registration import register_backend
 from .._core import identity
 from .._core.pool import PooledStart
+from .._core.spawn import StartTimedOut
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
 from .._isolation.thread_state import forget_thread_caches, thread_state
 from ..debug import _hooks as debug_hooks
-from ..errors import SimulationError
+from ..errors import SimulationError, SimulationTimeout
 from ..faults import FaultPlan, report_unfired
 from ..layout import Layout
 from ..reduction import ReductionModel
@@ -205,18 +206,34 @@ def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
     for t, done in zip(threads, ranks.exited):
         t.simdist_exited = done  # a Seat: _simdist_helper is set on its thread by the pool
     try:
-        starter.start()
-        ranks.go.set()
-        world.scheduler.begin()
-        return watchdog.join_all(threads, world, deadline, world.timeout)
-    except BaseException as exc:
-        # Ctrl-C (or any error) in the caller: take the ranks down before
-        # the per-thread c10d state is removed from under them.
-        ranks.go.set()
-        still = watchdog.interrupt(threads, world, SimulationError("run() was interrupted"))
-        if still and hasattr(exc, "add_note"):
-            exc.add_note(watchdog.stuck_report(still, "run() was interrupted"))
-        raise
+        try:
+            starter.start(deadline)
+            ranks.go.set()
+            world.scheduler.begin()
+            return watchdog.join_all(threads, world, deadline, world.timeout)
+        except StartTimedOut as exc:
+            # The timeout bounds the run from its call, start-up included. No
+            # body has begun: the ranks see the abort before their bodies and
+            # end, with nothing to interrupt.
+            timeout = SimulationTimeout(
+                f"the run's start passed its timeout of {world.timeout:g} s: {exc.started} of the "
+                f"{world.world_size} ranks' new threads were started (the OS starts each one); "
+                f"give a larger timeout= or fewer ranks"
+            )
+            world.scheduler.abort(timeout)
+            ranks.go.set()
+            still = watchdog.wait_for(threads)
+            if still and hasattr(timeout, "add_note"):  # Python 3.11+
+                timeout.add_note(watchdog.stuck_report(still, "the start passed its timeout"))
+            raise timeout from None
+        except BaseException as exc:
+            # Ctrl-C (or any error) in the caller: take the ranks down before
+            # the per-thread c10d state is removed from under them.
+            ranks.go.set()
+            still = watchdog.interrupt(threads, world, SimulationError("run() was interrupted"))
+            if still and hasattr(exc, "add_note"):
+                exc.add_note(watchdog.stuck_report(still, "run() was interrupted"))
+            raise
     finally:
         for t in threads:
             if watchdog.is_alive(t):

@@ -313,3 +313,28 @@ def test_the_os_limits_are_read_where_the_os_tells_them() -> None:
     assert all(isinstance(v, int) and v > 0 for v in found.values())
     if sys.platform.startswith("linux"):
         assert "kernel.threads-max" in found
+
+
+def test_a_start_that_passes_the_timeout_ends_the_run_before_any_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # timeout= bounds the run from its call: thousands of new rank threads
+    # under a short timeout used to be started to the last before the watchdog
+    # began (8192 ranks, timeout=2: about 12 s). The starters' clock is moved
+    # past every deadline, so each new thread is due after the timeout.
+    import time as real_time
+    from types import SimpleNamespace
+
+    from simdist._core import pool, spawn
+
+    monkeypatch.setattr(spawn, "time", SimpleNamespace(monotonic=lambda: real_time.monotonic() + 10**6))
+    ran: list[int] = []
+    size = pool.idle_count() + 16  # more ranks than parked threads: new ones must start
+    with pytest.raises(
+        simdist.SimulationTimeout,
+        match=rf"the run's start passed its timeout of 30 s: \d+ of the {size} ranks",
+    ):
+        simdist.run(lambda ctx: ran.append(ctx.rank), world_size=size, timeout=30)
+    assert ran == []  # no body began
+    monkeypatch.undo()
+    assert simdist.run(lambda ctx: ctx.rank, world_size=size) == list(range(size))  # the next run is whole
