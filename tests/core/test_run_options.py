@@ -291,18 +291,22 @@ def test_the_marker_refuses_what_is_no_run_option(pytester: pytest.Pytester) -> 
 def test_a_world_too_large_for_the_os_is_refused_at_once_naming_the_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import time
-
-    from simdist._run import limits
+    from simdist._run import limits, options, runner
 
     monkeypatch.setattr(limits, "thread_limits", lambda: {"kernel.threads-max": 5000})
-    start = time.monotonic()
-    for kwargs in ({"world_size": 10**8, "timeout": 2}, {"layout": simdist.Layout(dp=10**8)}):
-        with pytest.raises(
-            ValueError, match=r"world_size 100000000 cannot run here.*kernel.threads-max = 5000"
-        ):
-            simdist.run(lambda ctx: None, **kwargs)
-    assert time.monotonic() - start < 5  # refused before anything per rank is built
+
+    def built(*args: object, **kwargs: object) -> None:
+        raise AssertionError("per-rank state was built for a world that cannot run")
+
+    with monkeypatch.context() as nothing_built:  # refused before anything per rank is built
+        nothing_built.setattr(options.RunOptions, "devices", built)
+        nothing_built.setattr(runner, "World", built)
+        nothing_built.setattr(runner, "rank_inputs", built)
+        for kwargs in ({"world_size": 10**8, "timeout": 2}, {"layout": simdist.Layout(dp=10**8)}):
+            with pytest.raises(
+                ValueError, match=r"world_size 100000000 cannot run here.*kernel.threads-max = 5000"
+            ):
+                simdist.run(lambda ctx: None, **kwargs)
     assert simdist.run(lambda ctx: ctx.rank, world_size=3) == [0, 1, 2]  # within the limit: runs
 
 
