@@ -21,6 +21,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -208,6 +209,8 @@ def _worker_env(cfg: CampaignConfig, run_dir: Path, started: float, k: int, seed
             "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
             "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
             "PYTHONUNBUFFERED": "1",
+            # Workers (and the worker server) end with this process (see _orphans).
+            "SIMDIST_FUZZ_SUPERVISOR": str(os.getpid()),
         }
     )
     if cfg.max_world_size is not None:
@@ -230,6 +233,29 @@ class _Watch:
     # Per killed worker: seconds since its last round start or finished case.
     stalled: dict[int, float] = field(default_factory=dict)
     interrupted: bool = False
+    terminated: bool = False  # the interruption was a SIGTERM
+
+
+class _StopOnSigterm:
+    """While supervising, SIGTERM (a CI runner cancelling the job, `kill`)
+    stops the campaign as Ctrl-C does: workers stopped, summary and reports
+    written. Left at its default it ended this process alone, and the
+    workers searched on, unseen, to the end of their budgets."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def _supervise(
@@ -240,6 +266,7 @@ def _supervise(
     watch = _Watch()
     announced: set[int] = set()
     last_print = 0.0
+    terminate = _StopOnSigterm()
     try:
         while True:
             _drain(readers, stats)
@@ -282,6 +309,9 @@ def _supervise(
         watch.interrupted = True
         (run_dir / "stop").touch()
         _stop(procs)
+    finally:
+        terminate.restore()
+    watch.terminated = terminate.received
     _drain(readers, stats)
     if live:
         out.write(
@@ -488,7 +518,8 @@ def _problems(
 ) -> list[str]:
     """Why the campaign itself did not run as asked (not failures of properties)."""
     if watch.interrupted:
-        return ["interrupted (Ctrl-C): the summary covers the cases run so far"]
+        how = "SIGTERM" if watch.terminated else "Ctrl-C"
+        return [f"interrupted ({how}): the summary covers the cases run so far"]
     problems = []
     for k, p in enumerate(procs):
         code = p.returncode

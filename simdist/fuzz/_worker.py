@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, settings
 from ._database import GuardedDatabase, resolve_database
 from ._events import EventWriter, worker_file
 from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
+from ._orphans import kill_when_parent_dies
 from ._property import clear_failures, in_flight_case, last_failure, spec_of, telling_interrupts_apart
 from ._unfired import UnfiredPlans
 from ._zygote import ENV_WORKERS, fork_workers
@@ -112,6 +113,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # them: each gets its index, seed and event stream there.
     serving = bool(env.get(ENV_WORKERS))
     index = 0 if serving else int(env["SIMDIST_FUZZ_INDEX"])
+    supervisor = int(env.get("SIMDIST_FUZZ_SUPERVISOR", "0"))
+    if supervisor:
+        kill_when_parent_dies(supervisor)  # a worker (or the server) ends with its campaign
     _worker = _Worker(
         run_dir=run_dir,
         index=index,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from ._forked import ForkedWorker
+from ._orphans import kill_when_parent_dies
 
 __all__ = ["ServerWorker", "WorkerServer", "fork_workers", "server_usable"]
 
@@ -192,10 +193,12 @@ def fork_workers(run_dir: Path, logs: Sequence[IO[bytes]] | None = None) -> tupl
     # puts the handler back); the server must outlive them to say how they ended.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pids: dict[int, int] = {}
+    server = os.getpid()
     for k in range(int(count)):
         pid = os.fork()
         if pid == 0:
             _become_worker(run_dir, k, seeds[k])
+            kill_when_parent_dies(server)  # the server ends with the campaign (_orphans)
             return k, seeds[k]
         pids[pid] = k
         _write(_pid_file(run_dir, k), str(pid))

@@ -214,8 +214,8 @@ def test_a_dying_worker_is_a_crash_not_a_property_failure(tmp_path):
     assert any(p.startswith("crash: worker 0 died") for p in report["problems"])
 
 
-def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
-    report = tmp_path / "report.json"
+def _start_campaign(report: Path) -> tuple[subprocess.Popen, Path]:
+    """A 300 s two-worker campaign of a clean target, once both workers fuzz."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -248,19 +248,13 @@ def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
             else []
         )
         if len(logs) == 2:
-            break
+            return proc, logs[0].parent
         time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("the workers never started")
-    run_dir = logs[0].parent
-    proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted (Ctrl-C)" in err and "cases" in err
-    data = json.loads(report.read_text())
-    assert data["exit_code"] == 130
-    # Every worker's event stream ends: they were stopped, not left running.
+    proc.kill()
+    pytest.fail("the workers never started")
+
+
+def _worker_pids(run_dir: Path) -> list[int]:
     pids = [
         json.loads(line)["pid"]
         for p in run_dir.glob("worker-*.jsonl")
@@ -268,9 +262,56 @@ def test_ctrl_c_stops_every_worker_and_still_prints_the_summary(tmp_path):
         if '"e": "start"' in line
     ]
     assert len(pids) == 2
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+@pytest.mark.parametrize(("sig", "how"), [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_ctrl_c_or_sigterm_stops_every_worker_and_still_prints_the_summary(tmp_path, sig, how):
+    # SIGTERM is what a CI runner sends a cancelled job: it ended the campaign
+    # process alone, with no summary, and its workers searched on, unseen.
+    report = tmp_path / "report.json"
+    proc, run_dir = _start_campaign(report)
+    proc.send_signal(sig)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"interrupted ({how})" in err and "cases" in err
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == 130
+    # Every worker's event stream ends: they were stopped, not left running.
+    for pid in _worker_pids(run_dir):
+        assert not _running(pid), pid
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="workers ask Linux for a parent-death signal"
+)
+def test_workers_end_when_the_campaign_process_is_killed(tmp_path):
+    # SIGKILL (an out-of-memory kill) runs no stop path in the campaign: the
+    # workers end on their own when it is gone, instead of searching on.
+    proc, run_dir = _start_campaign(tmp_path / "report.json")
+    pids = _worker_pids(run_dir)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60  # a bound against hanging the suite, not a timing claim
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in pids if _running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} went on after the campaign process was killed"
 
 
 def test_a_failure_still_shrinking_when_time_is_up_is_reported_unshrunk(tmp_path):
