@@ -1,17 +1,18 @@
-"""What float32 costs the co-training step, case by case: the measurement behind
+"""What float32 (or bfloat16) costs the co-training step, case by case: the measurement behind
 ``SHADOW_SPREAD`` (tests/fuzz/draft_runs.py).
 
     python benchmarks/float32_cost.py                 # 8 seeds x 50 draws
     python benchmarks/float32_cost.py --seeds 40 --first-seed 8
+    python benchmarks/float32_cost.py --dtype bfloat16 --seeds 48
 
-For every float32 case the default campaign's case strategy draws (generation
+For every float32 (or bfloat16) case the default campaign's case strategy draws (generation
 only, seeds fixed here), runs the step monolithic and split and measures, each
 as a fraction of the float64 reference's largest gradient entry:
 
 - mono, split: the worst gradient entry of either mode against float64;
 - s-m: split against monolithic;
-- shadow: the float32 shadow (the reference's maths in float32, one process)
-  against float64, the case's float32 cost as the fuzz properties measure it.
+- shadow: the shadow (the reference's maths in the case's dtype, one process)
+  against float64, the case's cost as the fuzz properties measure it.
 
 and prints the ratio max(mono, split, s-m / 2) / shadow: the properties allow a
 run SHADOW_SPREAD times its shadow (split against monolithic twice that), so
@@ -31,12 +32,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "s
 
 def measure(case) -> tuple[float, float, float, float] | None:
     """(mono, split, s-m, shadow) of one case, or None where every gradient is zero."""
-    import torch
     from cotrain_harness import reference_of, shard
     from draft_runs import run_valid
 
     config, batch = case.config(), case.global_batch()
-    exact, shadow = reference_of(config, batch), reference_of(config, batch, dtype=torch.float32)
+    exact, shadow = reference_of(config, batch), reference_of(config, batch, dtype=case.torch_dtype)
     scale = max((float(g.abs().max()) for g in exact.grads.values() if g.numel()), default=0.0)
     if scale == 0.0:
         return None
@@ -73,14 +73,24 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=8, help="independent draws")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=10, help="worst cases to print")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the cases' dtype (bfloat16: not under the shuffled order, whose modes' gradients are not compared)",
+    )
     args = parser.parse_args()
     from corners import draws
     from draft_cases import draft_cases
-    from draft_runs import SHADOW_SPREAD
+    from draft_runs import SHADOW_SPREAD, gradients_judged_split_vs_monolithic
 
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    cases = [c for c in draws(draft_cases(), args.draws, seeds) if c.dtype == "float32"]
-    print(f"{len(cases)} float32 cases drawn (seeds {seeds.start}..{seeds.stop - 1})", flush=True)
+    cases = [
+        c
+        for c in draws(draft_cases(), args.draws, seeds)
+        if c.dtype == args.dtype and gradients_judged_split_vs_monolithic(c)
+    ]
+    print(f"{len(cases)} {args.dtype} cases drawn (seeds {seeds.start}..{seeds.stop - 1})", flush=True)
     start = time.monotonic()
     rows: list[tuple[float, float, float, float, float]] = []
     for case in cases:
@@ -101,6 +111,14 @@ def main() -> int:
         + f", max {ratios[-1]:.2f}"
     )
     print(f"margin of SHADOW_SPREAD = {SHADOW_SPREAD:g}: {SHADOW_SPREAD / ratios[-1]:.1f}x")
+    apart = sorted(r[3] / max(r[4], 1e-12) for r in rows)
+    print(
+        "split against monolithic / shadow: "
+        + ", ".join(
+            f"{q:.0%} {apart[min(len(apart) - 1, int(len(apart) * q))]:.2f}" for q in (0.5, 0.9, 0.99)
+        )
+        + f", max {apart[-1]:.2f}"
+    )
     print(f"\nworst {min(args.show, len(rows))}:   ratio      mono     split       s-m    shadow")
     for ratio, mono, split, apart, cost in rows[: args.show]:
         print(f"              {ratio:6.2f}  {mono:8.2e}  {split:8.2e}  {apart:8.2e}  {cost:8.2e}")

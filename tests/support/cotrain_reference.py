@@ -50,7 +50,7 @@ def reference_step(
     operation; float32 makes a shadow, the same maths rounded as the workers'
     float32 arithmetic rounds (in another order), whose distance from the
     float64 result is what float32 costs on this very case (see
-    draft_runs.float32_cost)."""
+    draft_runs.shadow_cost; bfloat16 makes the bfloat16 shadow)."""
     P = {name: value.detach().to(dtype).clone().requires_grad_(True) for name, value in params.items()}
     mask = mask.to(dtype)
     hidden = P["embedding.weight"][tokens]
