@@ -250,6 +250,7 @@ class _StopOnSigterm:
 
     def _handle(self, signum: int, frame: object) -> None:
         self.received = True
+        self.restore()  # a second SIGTERM, during the stop, ends the process at once
         raise KeyboardInterrupt
 
     def restore(self) -> None:

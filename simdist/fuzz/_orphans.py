@@ -5,8 +5,9 @@ its stop path, and its workers would search on, unseen, to the end of their
 budgets. On Linux each worker, and the worker server (``_zygote``), asks the
 kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``): a server's
 workers then go with the server. Nobody reads their events any more, so
-nothing is lost that a gentler stop would keep; a gentler one (SIGINT) was
-tried and a worker in its first rounds could go on regardless. Elsewhere
+nothing is lost that a gentler stop would keep, and a kill needs no
+cooperation (a SIGINT passed on by the server was tried first and did not
+always stop its workers). Elsewhere
 nothing is asked, and workers end at their budgets as before. (SIGTERM and
 Ctrl-C reach the supervisor, whose stop path stops the workers and writes
 the summary.)
