@@ -39,6 +39,21 @@ def _judge_split(case: DraftCase, runs: dict) -> None:
     )
 
 
+def _fails_the_fixed_fraction(case: DraftCase, runs: dict) -> None:
+    rtol, atol = tolerance(case, "split_vs_monolithic")
+    mono = runs["monolithic"]
+    with pytest.raises(AssertionError, match="grad"):
+        check_against(
+            case.layout,
+            runs["split"],
+            lambda rank: mono[rank],
+            rtol=rtol,
+            atol_fraction=atol,
+            what="split vs monolithic",
+            tp_sharded_expected=False,
+        )
+
+
 def test_the_widening_passes_another_rounding_of_a_case_the_fixed_fraction_barely_holds() -> None:
     # The campaign's report of this case saw the modes 1.3e-5 of the gradient
     # scale apart; replayed here they are closer (rounding follows the
@@ -57,16 +72,7 @@ def test_the_widening_passes_another_rounding_of_a_case_the_fixed_fraction_barel
         flat[0] += (atol + 3 * cost) * scale + rtol * float(
             mono[rank].grads["embedding.weight"].view(-1)[0].abs()
         )
-    with pytest.raises(AssertionError, match="grad"):
-        check_against(
-            case.layout,
-            runs["split"],
-            lambda rank: mono[rank],
-            rtol=rtol,
-            atol_fraction=atol,
-            what="split vs monolithic",
-            tp_sharded_expected=False,
-        )
+    _fails_the_fixed_fraction(case, runs)
     _judge_split(case, runs)
 
 
@@ -154,18 +160,7 @@ BF16_SPLIT = {
 def test_a_bfloat16_case_the_fixed_fraction_fails_is_judged_at_its_own_cost() -> None:
     case = DraftCase.from_json(BF16_SPLIT)
     runs = run_valid(case, ("monolithic", "split"))
-    rtol, atol = tolerance(case, "split_vs_monolithic")
-    mono = runs["monolithic"]
-    with pytest.raises(AssertionError, match="grad"):
-        check_against(
-            case.layout,
-            runs["split"],
-            lambda rank: mono[rank],
-            rtol=rtol,
-            atol_fraction=atol,
-            what="split vs monolithic",
-            tp_sharded_expected=False,
-        )
+    _fails_the_fixed_fraction(case, runs)
     _judge_split(case, runs)
 
 

@@ -91,33 +91,10 @@ def _make_torch_visible(venv: Path, where: Path) -> None:
     (site_packages / "torch-of-the-user.pth").write_text(f"{where}\n", encoding="utf-8")
 
 
-def _installed(venv: Path, env: dict[str, str], names: tuple[str, ...]) -> dict[str, str | None]:
-    """Each distribution's location as the fresh virtualenv's interpreter finds it (None: absent)."""
-    code = (
-        "import json, sys\nfrom importlib import metadata\nout = {}\nfor n in sys.argv[1:]:\n"
-        "    try: out[n] = str(metadata.distribution(n).locate_file(''))\n"
-        "    except metadata.PackageNotFoundError: out[n] = None\nprint(json.dumps(out))"
-    )
-    proc = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", code, *names],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    found: dict[str, str | None] = json.loads(proc.stdout)
-    return found
-
-
-def _importable(venv: Path, env: dict[str, str], cwd: Path, names: tuple[str, ...]) -> dict[str, str | None]:
-    """Where the fresh virtualenv's interpreter imports each module from, run
-    outside the checkout (None: not importable)."""
-    code = (
-        "import importlib.util, json, sys\nout = {}\nfor n in sys.argv[1:]:\n"
-        "    spec = importlib.util.find_spec(n)\n    out[n] = spec.origin if spec else None\n"
-        "print(json.dumps(out))"
-    )
+def _ask(
+    venv: Path, env: dict[str, str], code: str, names: tuple[str, ...], cwd: Path | None = None
+) -> dict[str, str | None]:
+    """``code`` run by the fresh virtualenv's interpreter with ``names`` as arguments: its JSON answer."""
     proc = subprocess.run(
         [str(venv / "bin" / "python"), "-c", code, *names],
         cwd=cwd,
@@ -129,6 +106,27 @@ def _importable(venv: Path, env: dict[str, str], cwd: Path, names: tuple[str, ..
     assert proc.returncode == 0, proc.stderr
     found: dict[str, str | None] = json.loads(proc.stdout)
     return found
+
+
+def _installed(venv: Path, env: dict[str, str], names: tuple[str, ...]) -> dict[str, str | None]:
+    """Each distribution's location as the fresh virtualenv's interpreter finds it (None: absent)."""
+    code = (
+        "import json, sys\nfrom importlib import metadata\nout = {}\nfor n in sys.argv[1:]:\n"
+        "    try: out[n] = str(metadata.distribution(n).locate_file(''))\n"
+        "    except metadata.PackageNotFoundError: out[n] = None\nprint(json.dumps(out))"
+    )
+    return _ask(venv, env, code, names)
+
+
+def _importable(venv: Path, env: dict[str, str], cwd: Path, names: tuple[str, ...]) -> dict[str, str | None]:
+    """Where the fresh virtualenv's interpreter imports each module from, run
+    outside the checkout (None: not importable)."""
+    code = (
+        "import importlib.util, json, sys\nout = {}\nfor n in sys.argv[1:]:\n"
+        "    spec = importlib.util.find_spec(n)\n    out[n] = spec.origin if spec else None\n"
+        "print(json.dumps(out))"
+    )
+    return _ask(venv, env, code, names, cwd)
 
 
 @pytest.mark.parametrize("torch_from", ["visible", pytest.param("pip", marks=pytest.mark.slow)])
