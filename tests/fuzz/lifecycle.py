@@ -1,6 +1,7 @@
 """Lifecycles of the co-training step: several steps of one set of workers, with
-aborted attempts, retries and dropped steps between them, judged after every
-step against an independent float64 model of the whole run.
+aborted attempts, retries and dropped steps between them, each applied step
+judged against an independent float64 step from the state the workers
+started it from.
 
 The machine's state is the workers (model shards, fp32 master parameters,
 momentum buffers, the draft step state), kept across worlds by rank as a real
@@ -19,11 +20,25 @@ its JSON form without Hypothesis:
   the same state (a probe point the rank never reaches changes nothing: the
   step then counts as done).
 
-The reference (``cotrain_reference.reference_step`` chained with its momentum)
-shares no code with draft_loss: a bug that carries state from one step into
-the next (momentum, a count, a cached tile, a draft state not reset) makes
-the second or later step differ from it, where a clean rerun of the same
-code would agree with itself.
+The reference (``cotrain_reference.reference_step`` with its momentum)
+shares no code with draft_loss. It starts each step from the workers' own
+master parameters and momentum buffers (gathered over TP shards), the first
+from the model's initial values, so by induction every applied step is a
+correct step: a bug that carries state from one step into the next (a
+count, a cached tile, a draft state not reset, momentum written wrong) makes
+that step differ from it, where a clean rerun of the same code would agree
+with itself.
+
+Why not one float64 model chained over the whole run: training is not
+well conditioned. A clean campaign found a float32 program (dp=4, 3 steps,
+3 tokens, a policy loss of 16) whose step-2 gradients moved 1,000 times as
+far as its parameters: the workers' parameters, a few float32 roundings
+from the chained model's after two steps (4e-6), gave gradients 4.6e-3
+away from it, while their step from their own parameters was 2.6e-6 off
+float64 maths. A float32 replay of the program (the shadow) is one draw of
+that amplification, 30 times where the workers drew 1,000: no spread of it
+bounds the next draw. One step from a known state is what float32 rounds
+once, which the shadow does measure (``draft_runs.SHADOW_SPREAD``).
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from cotrain_harness import groups_of, shard
+from cotrain_harness import groups_of, shard, shard_dim
 from cotrain_reference import reference_step
 from draft_cases import DraftCase, draft_cases, probe_points
 from draft_runs import MASTER_U, RUN_TIMEOUT_S, SHADOW_SPREAD, ProbeFault, check_replicas_agree, rank_batch
@@ -144,13 +159,13 @@ def _snapshot(workers: dict) -> dict[int, dict[str, torch.Tensor]]:
 
 
 class Model:
-    """The float64 model of the run: master parameters and momentum buffers, full size.
+    """A float64 model of applied steps: master parameters and momentum buffers, full size.
 
-    ``dtype=torch.float32`` makes its shadow: the same steps with every
-    operation rounded to float32, chained from its own parameters, so its
-    distance from the float64 model is what float32 costs this very program,
-    the drift of parameters that differ a rounding after the first step
-    included (see ``shadow_distance``)."""
+    It starts from the model's initial values, or (``starting_from``) from a
+    state gathered from the workers. ``dtype=torch.float32`` makes a shadow:
+    the same steps with every operation rounded to float32, so its distance
+    from the float64 model is what float32 costs these very steps (see
+    ``shadow_distance``)."""
 
     def __init__(self, config, dtype: torch.dtype = torch.float64) -> None:
         self.config = config
@@ -160,7 +175,27 @@ class Model:
         self.master = {n: v.to(config.dtype).to(dtype) for n, v in initial.items()}
         self.initial = {n: v.clone() for n, v in self.master.items()}
         self.momentum: dict[str, torch.Tensor] | None = None
+        self.initial_momentum: dict[str, torch.Tensor] | None = None
         self.batches: list[Any] = []  # the global batch of every applied step
+        self.from_workers = False
+
+    @classmethod
+    def starting_from(
+        cls,
+        config,
+        master: Mapping[str, torch.Tensor],
+        momentum: Mapping[str, torch.Tensor] | None,
+        dtype: torch.dtype = torch.float64,
+    ) -> Model:
+        """A model whose steps start from ``master`` and ``momentum`` (full tensors)."""
+        model = cls(config, dtype)
+        model.master = {n: v.to(dtype).clone() for n, v in master.items()}
+        model.initial = {n: v.clone() for n, v in model.master.items()}
+        if momentum is not None:
+            model.momentum = {n: v.to(dtype).clone() for n, v in momentum.items()}
+            model.initial_momentum = {n: v.clone() for n, v in model.momentum.items()}
+        model.from_workers = True
+        return model
 
     def step(self, global_batch) -> Any:
         self.batches.append(global_batch)
@@ -176,19 +211,15 @@ class Model:
         return result
 
 
-# How far another float32 run of the same program may be from the float64
-# model, in multiples of the shadow's own distance: the workers round the
-# same sums in other orders (microbatch accumulation, TP partial sums, the
-# streaming softmax), so their error is another draw of the shadow's, not a
-# copy of it: the spread measured on single steps (draft_runs.SHADOW_SPREAD)
-# holds here too. On the four-step program a clean campaign failed (the
-# regression fixture of test_lifecycle_matches_float64_model) the workers
-# were at most 1.5 times the shadow's distance after every step.
 def shadow_distance(model: Model) -> tuple[float, float]:
-    """The float32 shadow of ``model``'s applied steps: its worst distance from
-    the float64 model in the parameters' change since the start and in the
-    momentum buffers, each a fraction of the float64 model's largest entry."""
-    shadow = Model(model.config, torch.float32)
+    """The float32 shadow of ``model``'s applied steps from the same start: its
+    worst distance from the float64 model in the parameters' change since the
+    start and in the momentum buffers, each a fraction of the float64 model's
+    largest entry."""
+    if model.from_workers:
+        shadow = Model.starting_from(model.config, model.initial, model.initial_momentum, torch.float32)
+    else:
+        shadow = Model(model.config, torch.float32)
     for batch in model.batches:
         shadow.step(batch)
     change = {n: model.master[n] - model.initial[n] for n in model.master}
@@ -205,15 +236,49 @@ def _fraction(actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.T
     return error / scale
 
 
-def run_lifecycle(case: LifecycleCase) -> None:
+def gathered_state(
+    base: DraftCase, workers: Mapping[int, CotrainWorker]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """The workers' master parameters and momentum buffers as full float64
+    tensors: each TP shard from the ranks of DP and CP coordinate 0 (every
+    other rank is checked against these after the step)."""
+    layout = base.layout
+    pieces: dict[str, dict[str, dict[int, torch.Tensor]]] = {"master": {}, "momentum": {}}
+    for rank, worker in workers.items():
+        coords = layout.coords(rank)
+        if coords.dp or coords.cp:
+            continue
+        for name, value in worker.master.items():
+            pieces["master"].setdefault(name, {})[coords.tp] = value
+        for name, value in worker.optimizer.buffers.items():
+            pieces["momentum"].setdefault(name, {})[coords.tp] = value
+    full = {}
+    for kind, by_name in pieces.items():
+        full[kind] = {}
+        for name, shards in by_name.items():
+            dim = shard_dim(name)
+            ordered = [shards[tp] for tp in sorted(shards)]
+            value = ordered[0] if dim is None else torch.cat(ordered, dim=dim)
+            full[kind][name] = value.to(torch.float64)
+    return full["master"], (full["momentum"] or None)
+
+
+def run_lifecycle(case: LifecycleCase, *, workers: dict | None = None) -> None:
+    """Runs and judges ``case``; ``workers`` (empty), if given, keeps the
+    workers by rank for the caller to inspect."""
     base = case.base
     config = base.config()
-    model = Model(config)
-    workers: dict = {}
+    workers = {} if workers is None else workers
     run_kwargs = dict(
         layout=base.layout, timeout=RUN_TIMEOUT_S, share_args=True, **base.reduction_choice.run_kwargs()
     )
     applied = 0
+
+    def judge(results, global_batch, start: Model, what: str) -> None:
+        nonlocal applied
+        applied += 1
+        _check_step(base, results, workers, start.step(global_batch), start, applied, what)
+
     with base.blocks():
         for index, step in enumerate(case.steps):
             batches = base.batches(data_seed=step["data_seed"])
@@ -221,6 +286,9 @@ def run_lifecycle(case: LifecycleCase) -> None:
                 torch.cat([getattr(b, f) for b in batches]) for f in ("tokens", "mask", "bin_ids")
             )
             what = f"step {index} ({step['mode']}, {step['microbatches']} microbatch(es))"
+            # The state this step starts from: the model's initial values until a
+            # step is applied (which checks the workers' initialisation too).
+            start = Model.starting_from(config, *gathered_state(base, workers)) if applied else Model(config)
             if step["fault"] is not None:
                 before = _snapshot(workers)
                 try:
@@ -233,12 +301,10 @@ def run_lifecycle(case: LifecycleCase) -> None:
                         continue
                 else:
                     # The point was never reached on that rank: a clean step.
-                    applied += 1
-                    _check_step(base, results, workers, model.step(global_batch), model, applied, what)
+                    judge(results, global_batch, start, what)
                     continue
             results = simdist.run(_step_body, args=(workers, config, batches, step, False), **run_kwargs)
-            applied += 1
-            _check_step(base, results, workers, model.step(global_batch), model, applied, what)
+            judge(results, global_batch, start, what)
 
 
 def _check_aborted(error: simdist.RankError, before, workers: dict, what: str) -> None:
@@ -271,14 +337,15 @@ def _check_step(
     steps: int,
     what: str,
 ) -> None:
-    """Every rank against the float64 model after ``steps`` applied steps: its
-    metrics, its master parameters' change since the start and its momentum
-    buffers (TP shards of the model's), at float32's tolerances grown with the
-    number of steps, or, where this program's float32 shadow is further from
-    the model than those allow, at ``SHADOW_SPREAD`` times the shadow's
-    distance (computed only then: most programs never need it)."""
+    """Every rank against ``model``, the float64 step from the state the step
+    started from (``steps``: applied steps so far, this one included): its
+    metrics, its master parameters' change in the step and its momentum
+    buffers (TP shards of the model's), at float32's tolerances of one step,
+    or, where the step's float32 shadow is further from the model than those
+    allow, at ``SHADOW_SPREAD`` times the shadow's distance (computed only
+    then: most steps never need it)."""
     check_replicas_agree(base, list(results), what)
-    rtol, atol_fraction = 1e-4 * steps, 1e-4 * steps
+    rtol, atol_fraction = 1e-4, 1e-4
     for rank, result in enumerate(results):
         for metric in METRIC_NAMES:
             got, want = result.metrics[metric], reference.metrics[metric]
@@ -310,16 +377,18 @@ def _check_state(
     rtol: float,
     atol_fractions: tuple[float, float],
 ) -> None:
-    """The master parameters' change and the momentum buffers of every rank,
-    each within ``rtol`` of its value plus its ``atol_fractions`` entry (change,
-    momentum) of the float64 model's largest one."""
+    """The master parameters' change in the step and the momentum buffers of
+    every rank, each within ``rtol`` of its value plus its ``atol_fractions``
+    entry (change, momentum) of the float64 model's largest one."""
     layout = base.layout
     change_atol, momentum_atol = atol_fractions
     change = {n: model.master[n] - model.initial[n] for n in model.master}
     change_scale = max((float(v.abs().max()) for v in change.values() if v.numel()), default=0.0) or 1.0
     momentum = model.momentum or {}
     momentum_scale = max((float(v.abs().max()) for v in momentum.values() if v.numel()), default=0.0) or 1.0
-    roundings = steps + (1 if base.dtype == "float64" else 0)
+    # The step stores the master parameters rounded to float32 once; a float64
+    # model's initial values (not the workers' float32 copies) once more.
+    roundings = 1 if model.from_workers or base.dtype != "float64" else 2
     for rank, result in enumerate(results):
         tp_rank = layout.coords(rank).tp
         for name, value in result.params.items():
@@ -327,14 +396,13 @@ def _check_state(
             expected = shard(change[name], name, tp_rank, layout.tp)
             error = (value.to(torch.float64) - initial - expected).abs()
             # The workers' master parameters are float32 whatever the model's
-            # dtype: each applied step stores them rounded, at most u32 of
-            # their value, which no fraction of the change covers when the
-            # change is tiny (a step of weight decay alone: all masks 0); a
-            # float64 model's initial values are rounded to float32 once more.
+            # dtype: the step stores them rounded, at most u32 of their value,
+            # which no fraction of the change covers when the change is tiny
+            # (a step of weight decay alone: all masks 0).
             stored = roundings * MASTER_U * (initial + expected).abs()
             allowed = change_atol * change_scale + rtol * expected.abs() + stored
             assert bool((error <= allowed).all()), (
-                f"{what}: rank {rank}'s {name} after {steps} step(s) is off the float64 model by "
+                f"{what}: rank {rank}'s {name} after {steps} applied step(s) is off the float64 step from its start by "
                 f"{float(error.max()):.3e} (allowed {change_atol:.1e} x {change_scale:.3e} + {rtol:.0e} x |change| "
                 f"+ {roundings} x 2**-24 x |parameter|)"
             )
@@ -348,7 +416,7 @@ def _check_state(
             error = (buffer.to(torch.float64) - expected).abs()
             allowed = momentum_atol * momentum_scale + rtol * expected.abs()
             assert bool((error <= allowed).all()), (
-                f"{what}: rank {rank}'s momentum buffer of {name} after {steps} step(s) is off the float64 "
-                f"model by {float(error.max()):.3e} (allowed {momentum_atol:.1e} x {momentum_scale:.3e} + "
+                f"{what}: rank {rank}'s momentum buffer of {name} after {steps} applied step(s) is off the "
+                f"float64 step from its start by {float(error.max()):.3e} (allowed {momentum_atol:.1e} x {momentum_scale:.3e} + "
                 f"{rtol:.0e} x |buffer|)"
             )

@@ -226,9 +226,9 @@ def test_valid_input_never_raises_simulation_error(case: DraftCase) -> None:
 @fuzz.replayable(LifecycleCase.from_json)
 def test_lifecycle_matches_float64_model(case: LifecycleCase) -> None:
     """6. Several steps of one set of workers (any mode and microbatch split per step,
-    probe faults at any point, retried or dropped) match a float64 model of the
-    whole run after every step: parameters, momentum, metrics; a failed attempt
-    changes nothing and leaves no state behind."""
+    probe faults at any point, retried or dropped) match a float64 step from the
+    workers' own state after every step: parameters, momentum, metrics; a failed
+    attempt changes nothing and leaves no state behind."""
     cover(**case.cover())
     run_lifecycle(case)
 
