@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.thread
+import contextlib
 import threading
 from typing import Any, cast
 
@@ -70,7 +71,8 @@ def _start(self: threading.Thread) -> None:
             from .. import _sanitizer  # (the room above: imported once a helper runs)
 
             _sanitizer.helper_started(world, rank)  # the rank's ops on this thread are checked too
-            body()
+            with _cuda_mode(world):  # device="cuda" means the rank's emulated device here too
+                body()
         except SystemExit:
             # sys.exit()/_thread.exit() ends only this thread, silently, as in a
             # process (threading's excepthook ignores SystemExit).
@@ -97,6 +99,14 @@ def _start(self: threading.Thread) -> None:
         raise
     finally:
         self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
+
+
+def _cuda_mode(world: Any) -> contextlib.AbstractContextManager[Any]:
+    if getattr(world, "cuda_emulation", None) is None:
+        return contextlib.nullcontext()
+    from .._cuda.mode import EmulatedCudaMode  # (the room above: imported once a helper runs)
+
+    return EmulatedCudaMode()
 
 
 def _helper_ended(scheduler: Scheduler, world: Any, rank: int, helper: HelperSlot) -> None:

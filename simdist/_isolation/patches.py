@@ -27,6 +27,13 @@ While runs are in progress simdist changes things a process has once:
    that each rank profiles its own thread on torch's thread-local profiler
    and Kineto, reached directly from a second thread, is refused instead of
    crashing the interpreter (``profiler``).
+8. ``async sanitizer``: autograd's backward entry points, so that backward
+   runs under the rank's sanitizer (``_sanitizer.backward``).
+9. ``cuda emulation``: ``torch.cuda``'s device API (``is_available``,
+   ``device_count``, ``current_device``, ``set_device``, ``device`` and the
+   device's name and properties), answered per rank in runs with
+   ``cuda="emulate"`` and torch's own everywhere else (``_cuda.device_api``);
+   only those runs lease it.
 
 ``ORDER`` is the one list (each module registers its patch under its name,
 with the attributes it replaces, so this module imports none of them): each
@@ -118,8 +125,11 @@ ORDER = (
     "helper threads",
     "profiler",
     "async sanitizer",
+    "cuda emulation",
 )
-RUN_PATCHES = ORDER[1:]  # what every run needs (the import hook: only runs that may import Megatron)
+# What every run needs: the import hook only for runs that may import
+# Megatron, CUDA emulation only for runs that ask for it.
+RUN_PATCHES = ORDER[1:-1]
 _BY_NAME: dict[str, Patch] = {}
 
 

@@ -24,7 +24,7 @@ MARKER_HELP = (
     "simdist(layout=Layout(...) | layouts=[...] | world_size=N, and any simdist.run option: "
     "reduction=, seed=, faults=, timeout=, trace=, schedule=, schedule_seed=, rank_local=, "
     "share_args=, device=, flight_records=, attempt=, strict_call_sites=, check_async=, strict_async=, "
-    "check_group_order=; sim_only=): "
+    "check_group_order=, cuda=, cuda_devices=; sim_only=): "
     "run the test on every rank of each world; it receives ctx"
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")

@@ -60,6 +60,19 @@ def resolve_device(device: str | torch.device, rank: int) -> torch.device:
     return dev
 
 
+CUDA_MODES = (None, "emulate")
+MAX_EMULATED_DEVICES = 8
+
+
+def check_cuda(cuda: object, cuda_devices: object) -> None:
+    if cuda not in CUDA_MODES:
+        raise ValueError(f"cuda must be None (off) or 'emulate', got {cuda!r}")
+    if cuda_devices is not None:
+        if cuda is None:
+            raise ValueError("cuda_devices= is the emulated node's GPU count: it needs cuda='emulate'")
+        check_int("cuda_devices", cuda_devices, minimum=1)
+
+
 def check_trace_path(trace: str | os.PathLike[str]) -> None:
     """Refuse a trace path that cannot be written before any rank starts."""
     if not isinstance(trace, (str, os.PathLike)):
@@ -104,6 +117,11 @@ class RunOptions:
     check_async: bool = True
     strict_async: bool = False
     check_group_order: bool = False
+    # CUDA emulation (simdist._cuda): "emulate" makes torch.cuda answer as on a
+    # node of cuda_devices GPUs (default: the world, at most 8) in every rank,
+    # and device="cuda" tensors emulated ones (CPU storage, cuda:N reported).
+    cuda: str | None = None
+    cuda_devices: int | None = None
     # debug hook: simdist.debug's options (checked when the run starts, and by the marker)
     post_mortem: bool | None = None
     break_at: Any = None
@@ -127,6 +145,7 @@ class RunOptions:
         check_bool("check_async", self.check_async)
         check_bool("strict_async", self.strict_async)
         check_bool("check_group_order", self.check_group_order)
+        check_cuda(self.cuda, self.cuda_devices)
         check_debug_options(self.post_mortem, self.break_at, n)  # debug hook: refused before any rank starts
         check_int("seed", self.seed)
         check_int("attempt", self.attempt, minimum=0)
@@ -157,7 +176,21 @@ class RunOptions:
     def reduction_model(self) -> ReductionModel:
         return make_model(self.reduction, self.seed)
 
+    @property
+    def emulated_devices(self) -> int:
+        """The emulated node's GPU count (``cuda="emulate"``)."""
+        if self.cuda_devices is not None:
+            return self.cuda_devices
+        return min(self.size, MAX_EMULATED_DEVICES)
+
     def devices(self) -> list[torch.device]:
+        if self.cuda == "emulate" and torch.device(self.device).type == "cuda":
+            # The emulated node's devices, round robin as on a real one.
+            dev = torch.device(self.device)
+            count = self.emulated_devices
+            return [
+                torch.device("cuda", r % count if dev.index is None else dev.index) for r in range(self.size)
+            ]
         return [resolve_device(self.device, r) for r in range(self.size)]
 
     def replace(self, **changes: Any) -> RunOptions:

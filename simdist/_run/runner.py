@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import _cuda  # noqa: F401  # registers the "cuda emulation" patch
 from .._backend.registration import register_backend
 from .._core import identity
 from .._core.pool import PooledStart
@@ -34,6 +35,8 @@ from .options import DEFAULT_TIMEOUT_S, RunOptions
 from .outcome import outcome
 from .rank import RankThreads, rank_inputs
 from .world import World
+
+EMULATING_PATCHES = (*patches.RUN_PATCHES, "cuda emulation")
 
 
 def run(
@@ -59,6 +62,8 @@ def run(
     check_async: bool = True,
     strict_async: bool = False,
     check_group_order: bool = False,
+    cuda: str | None = None,
+    cuda_devices: int | None = None,
     post_mortem: bool | None = None,
     break_at: Mapping[str, Any] | str | None = None,
 ) -> list[Any]:
@@ -106,6 +111,11 @@ def run(
     or raises with ``strict_async=True``. ``check_group_order=True`` refuses
     async collectives two ranks issue on two groups in opposite orders (a
     deadlock on NCCL; always checked for groups created with backend "nccl").
+    ``cuda="emulate"`` runs CUDA-first code without a GPU: in each rank
+    ``torch.cuda`` answers as on a node of ``cuda_devices`` GPUs (default the
+    world size, at most 8), each rank's current device ``rank % cuda_devices``,
+    and tensors made or moved to ``"cuda"`` compute on the CPU while reporting
+    ``cuda:N`` (docs/cuda.md says what is emulated and what is not).
     ``post_mortem=True`` opens pdb in a failing rank's own frame before its
     peers are released, the world paused; ``break_at={"rank": 1, "op":
     "all_reduce", "nth": 3}`` opens it just before that call (see
@@ -134,6 +144,8 @@ def run(
         check_async=check_async,
         strict_async=strict_async,
         check_group_order=check_group_order,
+        cuda=cuda,
+        cuda_devices=cuda_devices,
         post_mortem=post_mortem,  # debug hook
         break_at=break_at,  # debug hook
     )
@@ -174,7 +186,8 @@ def run_with_options(
     register_backend()
     ranks = RankThreads(world, fn, inputs, devices, c10d_state.new_run_id())
     try:
-        lease = patches.lease()  # c10d routing, helper threads (see _isolation.patches)
+        # c10d routing, helper threads (see _isolation.patches); CUDA's device API when emulated
+        lease = patches.lease(EMULATING_PATCHES if options.cuda == "emulate" else patches.RUN_PATCHES)
     except BaseException:
         if world.states is not None:
             world.states.restore_caller()

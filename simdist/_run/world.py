@@ -16,6 +16,7 @@ import torch.distributed as dist
 from .._backend.group import SimGroup
 from .._core.records import GroupInfo
 from .._core.scheduler import Scheduler
+from .._cuda.device_api import EmulatedCuda
 from .._isolation.rank_state import RankStates, release_process
 from ..errors import CollectiveMismatchError
 from ..faults import FaultState
@@ -64,6 +65,8 @@ class World(CallHooks):
         # The world group's global -> group rank map, the identity: one for
         # every rank instead of a copy each (O(world) memory per rank).
         self.world_rank_map = {r: r for r in range(n)}
+        # CUDA emulation (simdist._cuda): each rank's current device, the node's GPU count.
+        self.cuda_emulation = EmulatedCuda(n, options.emulated_devices) if options.cuda == "emulate" else None
         # Exceptions that escaped a rank's helper threads, per rank: the rank
         # fails with the first once its body has returned (never swallowed).
         self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}

@@ -1,0 +1,234 @@
+"""``torch.cuda``'s device API, answered per rank while a run emulates CUDA.
+
+In a rank thread (or a helper thread it started) of a run with
+``cuda="emulate"``, ``torch.cuda`` answers as on a node of
+``EmulatedCuda.device_count`` GPUs: ``is_available()`` is True, each rank
+has its own current device (``LOCAL_RANK``, ``rank % device_count``, until
+it calls ``set_device``), ``torch.cuda.device(i)`` switches it for a block,
+and the device's name and properties are the emulated device's. Every other
+thread, and every thread when no such run is in progress, gets torch's own
+functions: the replacements look the caller up and defer.
+
+``synchronize`` and ``empty_cache`` do nothing on the emulated device (there
+is no queue to drain and no cache to empty); streams, events, memory
+statistics and CUDA generators are not emulated yet, and reach torch's own
+functions, which on a CPU build raise "Torch not compiled with CUDA enabled".
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.cuda
+
+from .._core import identity
+from .._isolation import patches
+from . import tensor
+
+
+@dataclass(frozen=True)
+class EmulatedDeviceProperties:
+    """What ``torch.cuda.get_device_properties`` reports for an emulated device."""
+
+    name: str = "simdist emulated CUDA device (CPU storage)"
+    major: int = 9
+    minor: int = 0
+    total_memory: int = 80 * 2**30
+    multi_processor_count: int = 132
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+
+
+PROPERTIES = EmulatedDeviceProperties()
+
+
+class EmulatedCuda:
+    """One run's emulated node: its device count and each rank's current device."""
+
+    def __init__(self, world_size: int, device_count: int) -> None:
+        self.device_count = device_count
+        self._current = [rank % device_count for rank in range(world_size)]
+        self._lock = threading.Lock()
+
+    def current(self, rank: int) -> int:
+        return self._current[rank]
+
+    def set_current(self, rank: int, index: int) -> None:
+        with self._lock:
+            self._current[rank] = index
+
+
+def emulation() -> tuple[EmulatedCuda, int] | None:
+    """The calling thread's run emulation and rank, None outside one."""
+    world = identity.me.world
+    emulated = getattr(world, "cuda_emulation", None) if world is not None else None
+    if emulated is None:
+        return None
+    return emulated, identity.me.rank
+
+
+def _current_index() -> int:
+    found = emulation()
+    return 0 if found is None else found[0].current(found[1])
+
+
+tensor.set_current_index_source(_current_index)
+
+
+def _checked_index(device: Any, emulated: EmulatedCuda, what: str) -> int:
+    if isinstance(device, torch.device) or isinstance(device, str):
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {dev}")
+        index = dev.index if dev.index is not None else -1
+    elif isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        raise TypeError(f"{what}: expected a device index or a cuda device, got {device!r}")
+    if index < 0:
+        index = _current_index()
+    if index >= emulated.device_count:
+        raise RuntimeError(
+            f"CUDA error: invalid device ordinal ({what}({device!r}); the emulated node has "
+            f"{emulated.device_count} device(s), simdist.run(cuda_devices=...))"
+        )
+    return index
+
+
+_TORCH: dict[str, Any] = {}  # torch.cuda's own functions, while the patch is installed
+
+
+def _own(name: str) -> Any:
+    return _TORCH.get(name) or getattr(torch.cuda, name)
+
+
+def is_available() -> bool:
+    return True if emulation() is not None else bool(_own("is_available")())
+
+
+def device_count() -> int:
+    found = emulation()
+    return found[0].device_count if found is not None else int(_own("device_count")())
+
+
+def is_initialized() -> bool:
+    return True if emulation() is not None else bool(_own("is_initialized")())
+
+
+def init() -> None:
+    if emulation() is None:
+        _own("init")()
+
+
+def current_device() -> int:
+    found = emulation()
+    return found[0].current(found[1]) if found is not None else int(_own("current_device")())
+
+
+def set_device(device: Any) -> None:
+    found = emulation()
+    if found is None:
+        return _own("set_device")(device)
+    emulated, rank = found
+    if isinstance(device, int) and device < 0:
+        return None  # torch ignores a negative index
+    emulated.set_current(rank, _checked_index(device, emulated, "set_device"))
+    return None
+
+
+def get_device_name(device: Any = None) -> str:
+    found = emulation()
+    if found is None:
+        return str(_own("get_device_name")(device))
+    if device is not None:
+        _checked_index(device, found[0], "get_device_name")
+    return PROPERTIES.name
+
+
+def get_device_properties(device: Any = None) -> Any:
+    found = emulation()
+    if found is None:
+        return _own("get_device_properties")(device)
+    if device is not None:
+        _checked_index(device, found[0], "get_device_properties")
+    return PROPERTIES
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    found = emulation()
+    if found is None:
+        return tuple(_own("get_device_capability")(device))
+    return (PROPERTIES.major, PROPERTIES.minor)
+
+
+def synchronize(device: Any = None) -> None:
+    if emulation() is None:
+        _own("synchronize")(device)
+
+
+def empty_cache() -> None:
+    if emulation() is None:
+        _own("empty_cache")()
+
+
+class device:
+    """``torch.cuda.device(i)``: the rank's current device is ``i`` inside the block."""
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self._previous: int | None = None
+        self._theirs: Any = None
+
+    def __enter__(self) -> None:
+        found = emulation()
+        if found is None:
+            self._theirs = _own("device")(self._device)
+            self._theirs.__enter__()
+            return
+        emulated, rank = found
+        self._previous = emulated.current(rank)
+        if self._device is None or (isinstance(self._device, int) and self._device < 0):
+            return
+        emulated.set_current(rank, _checked_index(self._device, emulated, "device"))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._theirs is not None:
+            self._theirs.__exit__(*exc)
+            return
+        found = emulation()
+        if found is not None and self._previous is not None:
+            found[0].set_current(found[1], self._previous)
+
+
+REPLACED: dict[str, Any] = {
+    "is_available": is_available,
+    "device_count": device_count,
+    "is_initialized": is_initialized,
+    "init": init,
+    "current_device": current_device,
+    "set_device": set_device,
+    "get_device_name": get_device_name,
+    "get_device_properties": get_device_properties,
+    "get_device_capability": get_device_capability,
+    "synchronize": synchronize,
+    "empty_cache": empty_cache,
+    "device": device,
+}
+
+
+def _install() -> None:
+    for name, replacement in REPLACED.items():
+        _TORCH[name] = getattr(torch.cuda, name)
+        setattr(torch.cuda, name, replacement)
+
+
+def _uninstall() -> None:
+    for name in REPLACED:
+        if name in _TORCH:
+            setattr(torch.cuda, name, _TORCH.pop(name))
+
+
+patches.register("cuda emulation", _install, _uninstall, [(torch.cuda, name) for name in REPLACED])

@@ -1,0 +1,307 @@
+"""Tensors on an emulated CUDA device: CPU storage that answers as ``cuda:N``.
+
+An ``EmulatedCudaTensor`` is a CPU tensor (its storage, its kernels, its
+autograd) whose Python view reports the device a GPU run would give it:
+``.device`` is ``cuda:N``, ``.is_cuda`` is True, ``.type()`` names
+``torch.cuda.FloatTensor``, ``.get_device()`` is ``N``. Everything it computes
+is what the CPU computes, bit for bit.
+
+It is a ``__torch_function__`` subclass, not a dispatch-level wrapper: a
+wrapper subclass whose C++ device is ``cuda`` aborts the process on a CPU
+build of torch as soon as autograd records it (autograd asks the device's
+guard for a stream, and a CPU build has none), so the device is answered in
+Python and the C++ side keeps seeing CPU tensors.
+
+The rules a GPU enforces that a CPU cannot see are applied here: an op that
+mixes an emulated tensor with a CPU tensor of one or more dimensions, or two
+emulated devices, raises torch's own device-mismatch error; a NumPy view of
+an emulated tensor is refused as on CUDA. Cross-device copies (``copy_``,
+``to``), indexing with CPU indices and 0-dimensional CPU tensors (scalars) are
+allowed, as they are on a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+_TensorBase = torch._C.TensorBase
+
+
+def _getter(name: str) -> object:
+    return _TensorBase.__dict__[name]
+
+
+# Property getters reach __torch_function__ as the descriptor's __get__, a new
+# method-wrapper object at every access: they are told apart by the descriptor.
+_DEVICE = _getter("device")
+_IS_CUDA = _getter("is_cuda")
+_IS_CPU = _getter("is_cpu")
+_DATA = _getter("data")
+_GRAD = _getter("grad")
+
+# Ops that a GPU allows across devices.
+_CROSS_DEVICE: frozenset[Callable[..., Any]] = frozenset(
+    {
+        torch.Tensor.copy_,
+        torch.Tensor.__getitem__,
+        torch.Tensor.__setitem__,
+        torch.Tensor.set_,
+        torch._has_compatible_shallow_copy_type,
+    }
+)
+
+
+class EmulatedCudaTensor(torch.Tensor):
+    """A CPU tensor that reports the emulated CUDA device ``cuda:{_cuda_index}``."""
+
+    _cuda_index: int = 0
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return handle(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]  # torch stubs name no keyword
+        # torch's printer, which reads the device through this class (so it
+        # adds device='cuda:N' where a GPU tensor has it) but names the class:
+        # the prefix is put back to a plain tensor's, its indent with it.
+        text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
+        own = f"{type(self).__name__}("
+        if isinstance(self, torch.nn.Parameter) and text.startswith("Parameter(" + own):
+            text = text[len("Parameter(") : -1]
+        if text.startswith(own):
+            text = "tensor(" + text[len(own) :].replace("\n" + " " * len(own), "\n" + " " * len("tensor("))
+        if isinstance(self, torch.nn.Parameter):
+            return "Parameter containing:\n" + text
+        return text
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        # torch's own deep copy asks new_empty() for the subclass, which the
+        # CPU side answers with a plain tensor: copied here, device kept.
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch._C.DisableTorchFunctionSubclass():
+            data = torch.Tensor.clone(torch.Tensor.detach(self))
+        copied = rebuild(data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter))
+        memo[id(self)] = copied
+        grad = _GRAD.__get__(self)  # type: ignore[attr-defined]  # the descriptor's own getter
+        if grad is not None:
+            copied.grad = copy.deepcopy(grad, memo)
+        return copied
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Saved with its device, loaded back onto it (as torch.save keeps a
+        # CUDA tensor's location); ``rebuild`` is on torch.load's safe list.
+        with torch._C.DisableTorchFunctionSubclass():
+            data = torch.Tensor.clone(torch.Tensor.detach(self))
+        return (rebuild, (data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter)))
+
+
+def rebuild(data: torch.Tensor, index: int, requires_grad: bool, parameter: bool) -> torch.Tensor:
+    """An emulated tensor on ``cuda:index`` holding ``data`` (a plain CPU tensor)."""
+    if parameter:
+        return emulated(torch.nn.Parameter(data, requires_grad=requires_grad), index)
+    return emulated(data.requires_grad_(requires_grad), index)
+
+
+torch.serialization.add_safe_globals([rebuild])
+
+
+class EmulatedCudaParameter(EmulatedCudaTensor, torch.nn.Parameter):
+    """An ``nn.Parameter`` moved to the emulated device (``module.cuda()``)."""
+
+
+def emulated(tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """``tensor`` itself, now reported on ``cuda:index``.
+
+    The object's class changes in place: an alias (``as_subclass``) would put
+    an AliasBackward node after every op and make a leaf made with
+    ``requires_grad=True`` a non-leaf whose ``.grad`` is never filled."""
+    if type(tensor) is torch.Tensor:
+        tensor.__class__ = EmulatedCudaTensor
+    elif type(tensor) is torch.nn.Parameter:
+        tensor.__class__ = EmulatedCudaParameter
+    elif not isinstance(tensor, EmulatedCudaTensor):
+        return tensor  # another subclass keeps its own type (and its own device story)
+    tensor._cuda_index = index  # type: ignore[attr-defined]
+    return tensor
+
+
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor an emulated one is (shared storage); others unchanged."""
+    if isinstance(tensor, EmulatedCudaTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.as_subclass(tensor, torch.Tensor)
+    return tensor
+
+
+def index_of(tensor: object) -> int | None:
+    """The emulated device index of ``tensor``, None when it is not emulated."""
+    return tensor._cuda_index if isinstance(tensor, EmulatedCudaTensor) else None
+
+
+def mismatch(first: str, second: str) -> RuntimeError:
+    # torch's own wording (ATen's device check), so that code matching it matches ours.
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}!"
+    )
+
+
+def _check_devices(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The one emulated index the op's tensors share; raises torch's error otherwise."""
+    index: int | None = None
+    cpu = False
+    for leaf in tree_flatten((args, kwargs))[0]:
+        if isinstance(leaf, EmulatedCudaTensor):
+            if index is None:
+                index = leaf._cuda_index
+            elif leaf._cuda_index != index and func not in _CROSS_DEVICE:
+                raise mismatch(f"cuda:{index}", f"cuda:{leaf._cuda_index}")
+        elif isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.device.type == "cpu":
+            cpu = True
+    assert index is not None  # handle() runs because an argument is emulated
+    if cpu and func not in _CROSS_DEVICE:
+        raise mismatch(f"cuda:{index}", "cpu")
+    return index
+
+
+def _wrap_outputs(result: Any, index: int, inputs: tuple[Any, ...] = ()) -> Any:
+    """Tensors the op made, reported on ``cuda:index``; a CPU tensor it was
+    given and returns (an in-place op's own argument) stays the caller's."""
+    given = {id(leaf) for leaf in tree_flatten(inputs)[0] if isinstance(leaf, torch.Tensor)}
+
+    def wrap(value: Any) -> Any:
+        if type(value) is torch.Tensor and id(value) not in given:
+            return emulated(value, index)
+        return value
+
+    return tree_map(wrap, result)
+
+
+def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func`` called on arguments of which at least one is emulated."""
+    owner = getattr(func, "__self__", None)
+    if owner is _DEVICE:
+        return torch.device("cuda", args[0]._cuda_index)
+    if owner is _IS_CUDA:
+        return True
+    if owner is _IS_CPU:
+        return False
+    if func is torch.Tensor.get_device:
+        return args[0]._cuda_index
+    if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+        with torch._C.DisableTorchFunctionSubclass():
+            name = torch.Tensor.type(args[0])
+        return name.replace("torch.", "torch.cuda.", 1)
+    if func is torch.Tensor.numpy or func is torch.Tensor.__array__:
+        raise TypeError(
+            f"can't convert cuda:{args[0]._cuda_index} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+    if func is torch.Tensor.__format__:
+        return plain(args[0]).__format__(*args[1:])  # a scalar formats as its value
+    if func is torch.Tensor.cpu:
+        return _to_cpu(args[0], kwargs.get("memory_format", torch.preserve_format))
+    if func is torch.Tensor.cuda:
+        return move(args[0], _cuda_target(args[1] if len(args) > 1 else kwargs.get("device")))
+    if func is torch.Tensor.to:
+        return to(args[0], *args[1:], **kwargs)
+    if owner is _DATA and getattr(func, "__name__", "") == "__set__":
+        return set_data(args[0], args[1])
+    index = _check_devices(func, args, kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        result = func(*args, **kwargs)
+    return _wrap_outputs(result, index, (args, kwargs))
+
+
+# ------------------------------------------------------------ moving devices
+
+_current_index: Callable[[], int] = lambda: 0  # noqa: E731  # set by the run's emulation (state.py)
+
+
+def set_current_index_source(source: Callable[[], int]) -> None:
+    global _current_index
+    _current_index = source
+
+
+def cuda_index(device: Any) -> int | None:
+    """The emulated index ``device`` names, None when it names no CUDA device."""
+    if device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device  # a bare index means a CUDA device in torch's factories
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError):
+        return None
+    if dev.type != "cuda":
+        return None
+    return _current_index() if dev.index is None else dev.index
+
+
+def _cuda_target(device: Any) -> int:
+    index = cuda_index(device)
+    return _current_index() if index is None else index
+
+
+def _to_cpu(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        # A copy, as a device-to-host copy is: never the emulated tensor's storage.
+        return torch.Tensor.clone(tensor, memory_format=memory_format)
+
+
+def move(tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """``tensor.cuda(index)``: itself when already there, else a copy on ``cuda:index``."""
+    if isinstance(tensor, EmulatedCudaTensor) and tensor._cuda_index == index:
+        return tensor
+    with torch._C.DisableTorchFunctionSubclass():
+        moved = torch.Tensor.clone(tensor)
+    return emulated(moved, index)
+
+
+def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``Tensor.to`` with a CUDA target (or from an emulated tensor)."""
+    device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    copy = bool(kwargs.get("copy", False))
+    source = index_of(tensor)
+    target = cuda_index(device) if device is not None else source
+    options: dict[str, Any] = {"copy": copy or (target != source)}
+    if dtype is not None:
+        options["dtype"] = dtype
+    if memory_format is not None:
+        options["memory_format"] = memory_format
+    with torch._C.DisableTorchFunctionSubclass():
+        out = torch.Tensor.to(tensor, **options)
+    if out is tensor:
+        return tensor  # nothing to do: the very tensor, as torch returns it
+    if target is None:
+        return out  # a plain CPU tensor
+    return emulated(out, target)
+
+
+def set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """``tensor.data = value``: ``tensor`` reports ``value``'s device afterwards."""
+    with torch._C.DisableTorchFunctionSubclass():
+        _DATA.__set__(tensor, value)  # type: ignore[attr-defined]
+    index = index_of(value)
+    if index is not None:
+        # In place: optimizers and modules hold this very object.
+        if type(tensor) is torch.Tensor:
+            tensor.__class__ = EmulatedCudaTensor
+        elif type(tensor) is torch.nn.Parameter:
+            tensor.__class__ = EmulatedCudaParameter
+        if isinstance(tensor, EmulatedCudaTensor):
+            tensor._cuda_index = index
+    elif isinstance(tensor, EmulatedCudaTensor):
+        back = torch.nn.Parameter if isinstance(tensor, EmulatedCudaParameter) else torch.Tensor
+        tensor.__class__ = back  # type: ignore[assignment]  # back to the plain class, in place

@@ -1,0 +1,334 @@
+"""``simdist.run(cuda="emulate")``: CUDA-first code on the CPU (docs/cuda.md).
+
+What is checked against an independent reference: every value an emulated
+tensor computes equals the same computation on plain CPU tensors in the
+caller's thread, bit for bit; what torch.cuda answers is what a node of that
+many GPUs answers (torchrun's LOCAL_RANK device per rank); and mixing devices
+raises torch's own error text.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist._cuda import EmulatedCudaParameter, EmulatedCudaTensor
+
+EMULATE = {"cuda": "emulate"}
+
+
+def _run(body, world_size: int = 2, **options):
+    return simdist.run(body, world_size=world_size, **{**EMULATE, **options})
+
+
+# ------------------------------------------------------------ the device API
+
+
+def test_each_rank_sees_a_node_of_gpus_with_its_local_rank_current() -> None:
+    def body(ctx):
+        return (
+            torch.cuda.is_available(),
+            torch.cuda.is_initialized(),
+            torch.cuda.device_count(),
+            torch.cuda.current_device(),
+            torch.cuda.get_device_name(),
+            torch.cuda.get_device_capability(),
+            torch.cuda.get_device_properties(0).total_memory > 0,
+            str(ctx.device),
+        )
+
+    out = _run(body, world_size=10, device="cuda")
+    for rank, (available, initialised, count, current, name, capability, memory, device) in enumerate(out):
+        assert available and initialised and memory
+        assert count == 8  # the world, at most 8 a node
+        assert current == rank % 8
+        assert device == f"cuda:{rank % 8}"
+        assert "emulated" in name and capability == (9, 0)
+
+
+def test_cuda_devices_sets_the_node_size() -> None:
+    out = _run(
+        lambda ctx: (torch.cuda.device_count(), torch.cuda.current_device()), world_size=4, cuda_devices=2
+    )
+    assert out == [(2, 0), (2, 1), (2, 0), (2, 1)]
+
+
+def test_set_device_and_the_device_context_are_per_rank() -> None:
+    def body(ctx):
+        torch.cuda.set_device(1 - ctx.rank)
+        seen = [torch.cuda.current_device()]
+        dist.barrier()  # the other rank has set its own by now
+        seen.append(torch.cuda.current_device())
+        with torch.cuda.device(ctx.rank):
+            seen.append(torch.cuda.current_device())
+            seen.append(str(torch.zeros(1, device="cuda").device))
+        seen.append(torch.cuda.current_device())
+        torch.cuda.set_device(torch.device("cuda", 0))
+        seen.append(torch.cuda.current_device())
+        return seen
+
+    assert _run(body) == [[1, 1, 0, "cuda:0", 1, 0], [0, 0, 1, "cuda:1", 0, 0]]
+
+
+def test_a_device_the_node_does_not_have_is_refused_as_on_a_gpu() -> None:
+    def body(ctx):
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.cuda.set_device(2)
+        with pytest.raises(ValueError, match="Expected a cuda device"):
+            torch.cuda.set_device("cpu")
+        return torch.cuda.current_device()
+
+    assert _run(body) == [0, 1]
+
+
+def test_the_caller_and_runs_without_emulation_see_torchs_own_answers() -> None:
+    available = torch.cuda.is_available()
+    seen_by_caller: list[bool] = []
+
+    def body(ctx):
+        seen_by_caller.append(torch.cuda.is_available())
+        return torch.cuda.is_available()
+
+    assert simdist.run(body, world_size=2) == [available, available]
+    assert _run(body) == [True, True]
+    assert torch.cuda.is_available() is available
+    # torch's own functions are back in place once the run is over.
+    assert torch.cuda.is_available.__module__ == "torch.cuda"
+    assert torch.cuda.device.__module__ == "torch.cuda"
+
+
+def test_a_helper_thread_of_a_rank_sees_its_ranks_device_and_makes_tensors_on_it() -> None:
+    def body(ctx):
+        torch.cuda.set_device(ctx.rank)
+        seen = []
+
+        def helper() -> None:
+            made = torch.zeros(1, device="cuda")
+            seen.append((torch.cuda.is_available(), torch.cuda.current_device(), str(made.device)))
+
+        thread = threading.Thread(target=helper)
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    assert _run(body) == [(True, 0, "cuda:0"), (True, 1, "cuda:1")]
+
+
+def test_bad_options_are_refused_before_any_rank_starts() -> None:
+    with pytest.raises(ValueError, match="cuda must be None"):
+        simdist.run(lambda ctx: None, world_size=2, cuda="yes")
+    with pytest.raises(ValueError, match="needs cuda='emulate'"):
+        simdist.run(lambda ctx: None, world_size=2, cuda_devices=2)
+    with pytest.raises(ValueError, match="cuda_devices"):
+        simdist.run(lambda ctx: None, world_size=2, cuda="emulate", cuda_devices=0)
+
+
+# ------------------------------------------------------------- the tensors
+
+
+def test_factories_and_moves_name_the_emulated_device() -> None:
+    def body(ctx):
+        made = {
+            "zeros": torch.zeros(2, device="cuda"),
+            "index": torch.ones(2, device=1),
+            "named": torch.empty(2, device="cuda:1"),
+            "device object": torch.arange(3, device=torch.device("cuda")),
+            "tensor": torch.tensor([1.0, 2.0], device="cuda"),
+            "cuda()": torch.ones(2).cuda(),
+            "cuda(1)": torch.ones(2).cuda(1),
+            "to": torch.ones(2).to("cuda"),
+            "to with dtype": torch.ones(2).to("cuda", torch.float64),
+            "like": torch.zeros_like(torch.ones(2, device="cuda")),
+            "new": torch.ones(2, device="cuda").new_zeros(3),
+            "result": torch.ones(2, device="cuda") * 2 + 1,
+        }
+        torch.set_default_device("cuda")
+        try:
+            made["default device"] = torch.ones(2)
+        finally:
+            torch.set_default_device(None)
+        return {name: (str(t.device), t.is_cuda, type(t).__name__) for name, t in made.items()}
+
+    rank1 = _run(body)[1]
+    named = {"index": "cuda:1", "named": "cuda:1", "cuda(1)": "cuda:1"}
+    for name, (device, is_cuda, kind) in rank1.items():
+        assert device == named.get(name, "cuda:1"), name  # rank 1's current device is 1
+        assert is_cuda and kind == "EmulatedCudaTensor", name
+
+
+def test_emulated_values_are_the_cpus_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 7), torch.randn(7, 3)
+
+    def reference() -> torch.Tensor:
+        return torch.softmax(torch.tanh(a @ b) * 3.0, dim=-1).cumsum(0)
+
+    def body(ctx, a, b):
+        out = torch.softmax(torch.tanh(a.cuda() @ b.to("cuda")) * 3.0, dim=-1).cumsum(0)
+        assert out.is_cuda
+        return out.cpu()
+
+    expected = reference()
+    for result in _run(body, args=(a, b)):
+        assert type(result) is torch.Tensor and result.device.type == "cpu"
+        assert torch.equal(result, expected)
+
+
+def test_cpu_is_a_copy_and_numpy_is_refused_as_on_a_gpu() -> None:
+    def body(ctx):
+        x = torch.ones(3, device="cuda")
+        host = x.cpu()
+        host += 1  # a device-to-host copy: the device tensor is untouched
+        with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
+            x.numpy()
+        same = x.to("cuda")
+        return x.tolist(), host.tolist(), same is x, x.get_device(), x.type()
+
+    assert _run(body, world_size=1) == [([1.0] * 3, [2.0] * 3, True, 0, "torch.cuda.FloatTensor")]
+
+
+def test_mixing_devices_raises_torchs_own_error() -> None:
+    def body(ctx):
+        x = torch.ones(3, device="cuda:0")
+        with pytest.raises(
+            RuntimeError, match=r"Expected all tensors to be on the same device.*cuda:0 and cpu"
+        ):
+            x + torch.ones(3)
+        with pytest.raises(
+            RuntimeError, match=r"Expected all tensors to be on the same device.*cuda:0 and cuda:1"
+        ):
+            x + torch.ones(3, device="cuda:1")
+        # As on a GPU: CPU scalars, cross-device copies and CPU indices are fine.
+        y = x * torch.tensor(2.0)
+        y.copy_(torch.arange(3.0))
+        picked = y[torch.tensor([0, 2])]
+        return y.tolist(), picked.tolist(), str(picked.device)
+
+    assert _run(body, world_size=1) == [([0.0, 1.0, 2.0], [0.0, 2.0], "cuda:0")]
+
+
+def test_a_module_moved_to_cuda_trains_as_on_the_cpu() -> None:
+    def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    torch.manual_seed(1)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(6, 4)
+
+    def body(ctx, model, x):
+        params = list(model.parameters())
+        model.cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(3):
+            step(model, opt, x.cuda())
+        moved = [p for p in model.parameters()]
+        assert all(a is b for a, b in zip(params, moved))  # moved in place, as .cuda() does
+        assert all(type(p) is EmulatedCudaParameter and isinstance(p, torch.nn.Parameter) for p in moved)
+        assert all(str(p.grad.device) == f"cuda:{ctx.rank}" for p in moved)
+        model.cpu()
+        assert all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in moved)
+        return [p.detach().clone() for p in model.parameters()]
+
+    results = _run(body, args=(reference, x))
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        step(reference, opt, x)
+    for params in results:
+        for got, want in zip(params, reference.parameters()):
+            assert torch.equal(got, want.detach())
+
+
+def test_collectives_on_emulated_tensors_give_the_cpu_results_on_the_device() -> None:
+    def body(ctx):
+        rank = ctx.rank
+        x = torch.arange(4.0, device="cuda") + rank
+        dist.all_reduce(x)
+        gathered = [torch.empty(2, device="cuda") for _ in range(ctx.world_size)]
+        dist.all_gather(gathered, torch.full((2,), float(rank), device="cuda"))
+        b = torch.full((3,), float(rank), device="cuda")
+        dist.broadcast(b, src=1)
+        devices = {str(t.device) for t in (x, b, *gathered)}
+        return x.cpu(), torch.cat(gathered).cpu(), b.cpu(), devices
+
+    world = 3
+    for rank, (x, gathered, b, devices) in enumerate(_run(body, world_size=world)):
+        assert torch.equal(x, sum(torch.arange(4.0) + r for r in range(world)))
+        assert torch.equal(gathered, torch.tensor([0.0, 0, 1, 1, 2, 2]))
+        assert torch.equal(b, torch.ones(3))
+        assert devices == {f"cuda:{rank}"}
+
+
+def test_emulated_tensors_returned_from_a_run_still_report_their_device() -> None:
+    (out,) = _run(lambda ctx: torch.ones(2, device="cuda") * 3, world_size=1)
+    assert isinstance(out, EmulatedCudaTensor) and str(out.device) == "cuda:0"
+    assert out.cpu().tolist() == [3.0, 3.0]
+
+
+def test_without_emulation_cuda_tensors_fail_as_torch_fails() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is here")
+
+    def body(ctx):
+        with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
+            torch.zeros(1, device="cuda")
+        return torch.cuda.is_available()
+
+    assert simdist.run(body, world_size=1) == [False]
+
+
+@pytest.mark.simdist(world_size=2, cuda="emulate", cuda_devices=1)
+def test_the_marker_takes_the_option(ctx) -> None:
+    assert torch.cuda.device_count() == 1 and torch.cuda.current_device() == 0
+    t = torch.full((2,), float(ctx.rank), device="cuda")
+    dist.all_reduce(t)
+    assert t.is_cuda and t.tolist() == [1.0, 1.0]
+
+
+def test_autograd_sees_the_cpus_graph_leaves_and_all() -> None:
+    def body(ctx):
+        w = torch.randn(3, device="cuda", requires_grad=True)
+        y = (w * 2).exp().sum()
+        y.backward()
+        return w.is_leaf, y.grad_fn.name(), (w * 2).grad_fn.name(), str(w.grad.device), w.grad.cpu()
+
+    torch.manual_seed(0)  # the rank's generator starts from the caller's state
+    w = torch.randn(3, requires_grad=True)
+    y = (w * 2).exp().sum()
+    y.backward()
+    torch.manual_seed(0)
+    (leaf, name, mul, grad_device, grad) = _run(body, world_size=1)[0]
+    assert leaf and name == y.grad_fn.name() and mul == "MulBackward0" and grad_device == "cuda:0"
+    assert torch.equal(grad, w.grad)
+
+
+def test_printing_copying_and_saving_keep_the_device() -> None:
+    def body(ctx):
+        import copy
+        import io
+
+        x = torch.arange(6.0).reshape(2, 3).cuda(1)
+        model = torch.nn.Linear(2, 2).cuda(1)
+        buffer = io.BytesIO()
+        torch.save({"x": x, "model": model.state_dict()}, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer)
+        twin = copy.deepcopy(model)
+        return (
+            repr(x),
+            str(loaded["x"].device),
+            torch.equal(loaded["x"].cpu(), x.cpu()),
+            str(loaded["model"]["weight"].device),
+            str(twin.weight.device),
+            twin.weight is not model.weight and isinstance(twin.weight, torch.nn.Parameter),
+            f"{x.sum():.1f}",
+        )
+
+    out = _run(body, world_size=1, cuda_devices=2)[0]
+    assert out[0] == repr(torch.arange(6.0).reshape(2, 3))[:-1] + ", device='cuda:1')"
+    assert out[1:] == ("cuda:1", True, "cuda:1", "cuda:1", True, "15.0")
