@@ -1,14 +1,23 @@
 """CUDA emulation: CUDA-first code run on the CPU, each rank on its own emulated GPU.
 
 ``simdist.run(..., cuda="emulate")`` (docs/cuda.md): ``device_api`` answers
-``torch.cuda``'s device questions per rank, ``mode`` makes ``device="cuda"``
-mean the emulated device, ``tensor`` is the emulated tensor itself.
+``torch.cuda``'s device questions per rank, ``streams`` its streams and
+events, ``patch`` rebinds ``torch.cuda``'s names to them while emulating runs
+are in progress, ``mode`` makes ``device="cuda"`` mean the emulated device,
+``tensor`` is the emulated tensor itself.
 """
 
 from __future__ import annotations
 
-from . import device_api
+from . import device_api, patch, streams
 from .mode import EmulatedCudaMode
 from .tensor import EmulatedCudaParameter, EmulatedCudaTensor
 
-__all__ = ["EmulatedCudaMode", "EmulatedCudaParameter", "EmulatedCudaTensor", "device_api"]
+__all__ = [
+    "EmulatedCudaMode",
+    "EmulatedCudaParameter",
+    "EmulatedCudaTensor",
+    "device_api",
+    "patch",
+    "streams",
+]

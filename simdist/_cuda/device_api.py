@@ -10,9 +10,10 @@ thread, and every thread when no such run is in progress, gets torch's own
 functions: the replacements look the caller up and defer.
 
 ``synchronize`` and ``empty_cache`` do nothing on the emulated device (there
-is no queue to drain and no cache to empty); streams, events, memory
-statistics and CUDA generators are not emulated yet, and reach torch's own
-functions, which on a CPU build raise "Torch not compiled with CUDA enabled".
+is no queue to drain and no cache to empty); streams and events are in
+``streams``; memory statistics and CUDA generators are not emulated yet, and
+reach torch's own functions, which on a CPU build raise "Torch not compiled
+with CUDA enabled". ``patch`` installs these functions in ``torch.cuda``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch
 import torch.cuda
 
 from .._core import identity
-from .._isolation import patches
 from . import tensor
 
 
@@ -51,6 +51,8 @@ class EmulatedCuda:
     def __init__(self, world_size: int, device_count: int) -> None:
         self.device_count = device_count
         self._current = [rank % device_count for rank in range(world_size)]
+        self._streams: dict[int, dict[int, Any]] = {}
+        self._defaults: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
 
     def current(self, rank: int) -> int:
@@ -59,6 +61,17 @@ class EmulatedCuda:
     def set_current(self, rank: int, index: int) -> None:
         with self._lock:
             self._current[rank] = index
+
+    def rank_streams(self, rank: int) -> dict[int, Any]:
+        """The rank's current stream per device index (``streams``)."""
+        return self._streams.setdefault(rank, {})
+
+    def default_stream(self, rank: int, index: int, make: Any) -> Any:
+        key = (rank, index)
+        stream = self._defaults.get(key)
+        if stream is None:
+            stream = self._defaults[key] = make(index)
+        return stream
 
 
 def emulation() -> tuple[EmulatedCuda, int] | None:
@@ -73,6 +86,16 @@ def emulation() -> tuple[EmulatedCuda, int] | None:
 def _current_index() -> int:
     found = emulation()
     return 0 if found is None else found[0].current(found[1])
+
+
+def device_index(device: Any) -> int:
+    """The emulated device index ``device`` names (None, -1: the current one)."""
+    found = emulation()
+    if found is None:
+        raise RuntimeError("simdist: an emulated CUDA call outside a rank of a run with cuda='emulate'")
+    if device is None or (isinstance(device, int) and not isinstance(device, bool) and device < 0):
+        return _current_index()
+    return _checked_index(device, found[0], "device")
 
 
 tensor.set_current_index_source(_current_index)
@@ -201,34 +224,3 @@ class device:
         found = emulation()
         if found is not None and self._previous is not None:
             found[0].set_current(found[1], self._previous)
-
-
-REPLACED: dict[str, Any] = {
-    "is_available": is_available,
-    "device_count": device_count,
-    "is_initialized": is_initialized,
-    "init": init,
-    "current_device": current_device,
-    "set_device": set_device,
-    "get_device_name": get_device_name,
-    "get_device_properties": get_device_properties,
-    "get_device_capability": get_device_capability,
-    "synchronize": synchronize,
-    "empty_cache": empty_cache,
-    "device": device,
-}
-
-
-def _install() -> None:
-    for name, replacement in REPLACED.items():
-        _TORCH[name] = getattr(torch.cuda, name)
-        setattr(torch.cuda, name, replacement)
-
-
-def _uninstall() -> None:
-    for name in REPLACED:
-        if name in _TORCH:
-            setattr(torch.cuda, name, _TORCH.pop(name))
-
-
-patches.register("cuda emulation", _install, _uninstall, [(torch.cuda, name) for name in REPLACED])

@@ -12,12 +12,16 @@ mode costs a Python call per torch function and nothing more.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from .tensor import (
     EmulatedCudaTensor,
@@ -70,3 +74,69 @@ class EmulatedCudaMode(TorchFunctionMode):
             return func(*args, **kwargs)
         result = func(*args, **{**kwargs, "device": "cpu"})
         return _wrap_outputs(result, index)
+
+
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # what a subclass without a dispatch of its own has
+
+
+def _dispatching(types: Any) -> bool:
+    """Whether a subclass with a dispatch of its own takes part, fake tensors
+    aside (they hold no values; the fake mode below computes them)."""
+    own = [kind for kind in types if getattr(kind, "__torch_dispatch__", _NO_DISPATCH) is not _NO_DISPATCH]
+    if not own:
+        return False
+    module = sys.modules.get("torch._subclasses.fake_tensor")
+    fake = getattr(module, "FakeTensor", None)
+    return not (fake is not None and any(issubclass(kind, fake) for kind in own))
+
+
+class EmulatedDeviceDispatch(TorchDispatchMode):
+    """Outputs of an aten op on emulated tensors are on the same emulated device.
+
+    The function mode sees what Python code calls; this one sees every aten
+    op, including those torch runs below Python (decompositions, DTensor's
+    and FSDP's ops on their local tensors, custom ops' kernels), whose
+    results would otherwise come back as plain CPU tensors. A subclass with a
+    dispatch of its own (DTensor) is handed back: it runs with this mode
+    still on the stack, so the ops on the tensors holding its values come
+    back here."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if types and _dispatching(types):
+            return NotImplemented
+        device = kwargs.get("device")
+        if device is not None:
+            # A factory or copy naming its device (torch code below Python
+            # builds them so): CUDA means the emulated device, else as asked.
+            index = cuda_index(device)
+            if index is None:
+                return _below_python(func, args, kwargs)
+            cpu = {**kwargs, "device": torch.device("cpu")}
+            return _wrap_outputs(_below_python(func, args, cpu), index, (args, kwargs))
+        result = _below_python(func, args, kwargs)
+        for leaf in tree_flatten((args, kwargs))[0]:
+            if isinstance(leaf, EmulatedCudaTensor):
+                return _wrap_outputs(result, leaf._cuda_index, (args, kwargs))
+        return result
+
+
+def _below_python(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # An aten op reached by dispatch (torch's C++ code, DDP's reducer, a
+    # decomposition) is not the program's call: the emulated tensors' device
+    # checks are for what the program asks, so they are off for it.
+    with torch._C.DisableTorchFunction():
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def emulating() -> Iterator[None]:
+    """Both modes, for one rank thread (or a helper thread of the rank)."""
+    with EmulatedCudaMode(), EmulatedDeviceDispatch():
+        yield

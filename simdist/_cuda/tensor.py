@@ -91,7 +91,7 @@ class EmulatedCudaTensor(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]
         with torch._C.DisableTorchFunctionSubclass():
-            data = torch.Tensor.clone(torch.Tensor.detach(self))
+            data = host(torch.Tensor.clone(torch.Tensor.detach(self)))
         copied = rebuild(data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter))
         memo[id(self)] = copied
         grad = _GRAD.__get__(self)  # type: ignore[attr-defined]  # the descriptor's own getter
@@ -103,7 +103,7 @@ class EmulatedCudaTensor(torch.Tensor):
         # Saved with its device, loaded back onto it (as torch.save keeps a
         # CUDA tensor's location); ``rebuild`` is on torch.load's safe list.
         with torch._C.DisableTorchFunctionSubclass():
-            data = torch.Tensor.clone(torch.Tensor.detach(self))
+            data = host(torch.Tensor.clone(torch.Tensor.detach(self)))
         return (rebuild, (data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter)))
 
 
@@ -208,6 +208,8 @@ def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             f"can't convert cuda:{args[0]._cuda_index} device type tensor to numpy. "
             "Use Tensor.cpu() to copy the tensor to host memory first."
         )
+    if func is torch.Tensor.record_stream:
+        return None  # one rank's streams run in program order: nothing to keep alive for
     if func is torch.Tensor.__format__:
         return plain(args[0]).__format__(*args[1:])  # a scalar formats as its value
     if func is torch.Tensor.cpu:
@@ -221,6 +223,12 @@ def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     index = _check_devices(func, args, kwargs)
     with torch._C.DisableTorchFunctionSubclass():
         result = func(*args, **kwargs)
+    device = kwargs.get("device")
+    if device is not None:
+        # The op names where its result goes (``zeros_like(x, device="cpu")``,
+        # ``aten._to_copy(x, device=...)``): there, not the inputs' device.
+        target = cuda_index(device)
+        return host(result) if target is None and isinstance(result, torch.Tensor) else result
     return _wrap_outputs(result, index, (args, kwargs))
 
 
@@ -257,7 +265,15 @@ def _cuda_target(device: Any) -> int:
 def _to_cpu(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     with torch._C.DisableTorchFunctionSubclass():
         # A copy, as a device-to-host copy is: never the emulated tensor's storage.
-        return torch.Tensor.clone(tensor, memory_format=memory_format)
+        return host(torch.Tensor.clone(tensor, memory_format=memory_format))
+
+
+def host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (made by an op on emulated tensors, so reported on the
+    device) back on the host: its class is put back in place."""
+    if type(tensor) is EmulatedCudaTensor:
+        tensor.__class__ = torch.Tensor  # type: ignore[assignment]  # back to the plain class, in place
+    return tensor
 
 
 def move(tensor: torch.Tensor, index: int) -> torch.Tensor:
@@ -285,7 +301,7 @@ def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if out is tensor:
         return tensor  # nothing to do: the very tensor, as torch returns it
     if target is None:
-        return out  # a plain CPU tensor
+        return host(out)  # a CPU copy
     return emulated(out, target)
 
 

@@ -104,9 +104,9 @@ def _start(self: threading.Thread) -> None:
 def _cuda_mode(world: Any) -> contextlib.AbstractContextManager[Any]:
     if getattr(world, "cuda_emulation", None) is None:
         return contextlib.nullcontext()
-    from .._cuda.mode import EmulatedCudaMode  # (the room above: imported once a helper runs)
+    from .._cuda.mode import emulating  # (the room above: imported once a helper runs)
 
-    return EmulatedCudaMode()
+    return emulating()
 
 
 def _helper_ended(scheduler: Scheduler, world: Any, rank: int, helper: HelperSlot) -> None:

@@ -18,7 +18,7 @@ from .._backend.process_group import BACKEND_NAME
 from .._core import identity
 from .._core.frames import current_frames
 from .._core.latch import Latch
-from .._cuda.mode import EmulatedCudaMode
+from .._cuda.mode import emulating
 from .._isolation import c10d_state, helpers, logging_locks
 from .._isolation.rank_state import release_process
 from ..context import RankContext, build_groups
@@ -102,8 +102,8 @@ class RankThreads:
                 raise world.scheduler.aborted.with_traceback(None)
             # Autograd would run CUDA backward on its device threads, which have
             # no rank; keep backward on the rank's own thread.
-            emulating = EmulatedCudaMode() if world.cuda_emulation is not None else contextlib.nullcontext()
-            with torch.autograd.set_multithreading_enabled(False), emulating:
+            emulation = emulating() if world.cuda_emulation is not None else contextlib.nullcontext()
+            with torch.autograd.set_multithreading_enabled(False), emulation:
                 self.results[rank] = self._body(rank)
                 _sanitizer.body_returned(world, rank, self.results[rank])  # Works never waited
                 end_helpers(world, rank)

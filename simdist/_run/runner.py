@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from .. import _cuda  # noqa: F401  # registers the "cuda emulation" patch
 from .._backend.registration import register_backend
 from .._core import identity
 from .._core.pool import PooledStart
 from .._core.spawn import StartTimedOut
+from .._cuda import patch as _cuda_patch  # noqa: F401  # registers the "cuda emulation" patch
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process
 from .._isolation.thread_state import forget_thread_caches, thread_state

@@ -156,6 +156,10 @@ def mlp_body(ctx: simdist.RankContext, tp: int, sequence_parallel: bool) -> tupl
         input_is_parallel=True,
         skip_bias_add=False,
     )
+    # use_cpu_initialization builds the weights on the CPU; a GPU job then
+    # moves the model (an emulated device refuses the mix as a GPU does).
+    col.to(ctx.device)
+    row.to(ctx.device)
     x = tokens().to(ctx.device)
     if sequence_parallel:  # the sequence is split over TP ranks before and after the block
         n = TOKENS // tp
@@ -182,14 +186,13 @@ def mlp_reference() -> tuple:
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_column_then_row_parallel_linear_equals_float64(tp: int, sequence_parallel: bool) -> None:
-    if sequence_parallel and not torch.cuda.is_available():
-        pytest.skip(
-            "megatron-core's sequence-parallel path allocates its gather/reduce-scatter buffers on "
-            "torch.cuda.current_device() (GlobalMemoryBuffer, tensor_parallel.mappings): needs CUDA"
-        )
     want_y, want_x, want_w1, want_w2 = mlp_reference()
     device = "cuda" if sequence_parallel else "cpu"
-    results = simdist.run(mlp_body, world_size=tp, args=(tp, sequence_parallel), device=device)
+    # megatron-core's sequence-parallel path allocates its gather/reduce-scatter
+    # buffers on torch.cuda.current_device() (GlobalMemoryBuffer,
+    # tensor_parallel.mappings): without a GPU it runs on emulated ones, unmodified.
+    emulate = {"cuda": "emulate"} if sequence_parallel and not torch.cuda.is_available() else {}
+    results = simdist.run(mlp_body, world_size=tp, args=(tp, sequence_parallel), device=device, **emulate)
     f, n = FFN // tp, TOKENS // tp
     for rank, (y, x_grad, w1_grad, w2_grad) in enumerate(results):
         rows = slice(rank * n, (rank + 1) * n) if sequence_parallel else slice(None)
@@ -253,3 +256,39 @@ def test_the_documented_recipe_runs_as_written() -> None:
     assert (
         not parallel_state.model_parallel_is_initialized()
     )  # destroyed in every rank; the caller's untouched
+
+
+def clip_body(ctx: simdist.RankContext) -> tuple:
+    _ps()  # megatron-core present (skips otherwise)
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32, get_grad_norm_fp32
+
+    torch.cuda.set_device(ctx.rank)
+    gen = torch.Generator().manual_seed(ctx.rank)
+    params = [torch.nn.Parameter(torch.randn(5, generator=gen).cuda()) for _ in range(3)]
+    for i, p in enumerate(params):
+        p.grad = torch.randn(5, generator=gen).cuda() * (i + 1)
+    grads = [p.grad for p in params]
+    norm = get_grad_norm_fp32(grads, norm_type=2, grad_stats_parallel_group=ctx.groups.world)
+    peak = get_grad_norm_fp32(grads, norm_type=float("inf"), grad_stats_parallel_group=ctx.groups.world)
+    clip_grad_by_total_norm_fp32(params, max_norm=1.0, total_norm=norm)
+    return norm, peak, [p.grad.cpu() for p in params]
+
+
+def test_megatron_clip_grads_written_for_cuda_runs_unmodified_on_emulated_devices() -> None:
+    """get_grad_norm_fp32 builds its buffers with device='cuda' and the clip
+    asserts 'torch.cuda.FloatTensor' gradients: under cuda='emulate' both run
+    as written, against a float64 norm of every rank's gradients."""
+    world = 2
+    grads = []
+    for rank in range(world):
+        gen = torch.Generator().manual_seed(rank)
+        [torch.randn(5, generator=gen) for _ in range(3)]  # the parameters' draws come first
+        grads.append([torch.randn(5, generator=gen).double() * (i + 1) for i in range(3)])
+    flat = torch.cat([g for rank in grads for g in rank])
+    want_norm, want_peak = float(flat.norm()), float(flat.abs().max())
+    coefficient = min(1.0, 1.0 / (want_norm + 1e-6))
+    results = simdist.run(clip_body, world_size=world, cuda="emulate")
+    for rank, (norm, peak, clipped) in enumerate(results):
+        assert norm == pytest.approx(want_norm, rel=1e-6) and peak == pytest.approx(want_peak, rel=1e-6)
+        for got, grad in zip(clipped, grads[rank]):
+            torch.testing.assert_close(got.double(), grad * coefficient, rtol=1e-5, atol=1e-6)

@@ -332,3 +332,136 @@ def test_printing_copying_and_saving_keep_the_device() -> None:
     out = _run(body, world_size=1, cuda_devices=2)[0]
     assert out[0] == repr(torch.arange(6.0).reshape(2, 3))[:-1] + ", device='cuda:1')"
     assert out[1:] == ("cuda:1", True, "cuda:1", "cuda:1", True, "15.0")
+
+
+# ----------------------------------------------------- streams and events
+
+
+def test_streams_and_events_answer_as_on_a_gpu_whose_work_is_done() -> None:
+    def body(ctx):
+        main = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        assert isinstance(side, torch.cuda.Stream) and main == torch.cuda.default_stream()
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            inside = torch.cuda.current_stream()
+            y = x * 2
+            done = side.record_event()
+        x.record_stream(side)
+        main.wait_event(done)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        end.synchronize()
+        return (
+            inside == side,
+            torch.cuda.current_stream() == main,
+            done.query() and side.query(),
+            start.elapsed_time(end) >= 0.0,
+            y.tolist(),
+            str(side.device),
+        )
+
+    for rank, out in enumerate(_run(body)):
+        assert out == (True, True, True, True, [2.0] * 4, f"cuda:{rank}")
+
+
+def test_each_rank_has_its_own_current_stream() -> None:
+    def body(ctx):
+        mine = torch.cuda.Stream()
+        torch.cuda.set_stream(mine)
+        dist.barrier()  # the other rank set its own meanwhile
+        return torch.cuda.current_stream() == mine
+
+    assert _run(body) == [True, True]
+
+
+# ------------------------------------------------- clients written for CUDA
+
+
+def _cpu_and_emulated(body, world_size: int = 2):
+    emulated = _run(body, world_size=world_size, args=("cuda",))
+    on_cpu = simdist.run(body, world_size=world_size, args=("cpu",))
+    return emulated, on_cpu
+
+
+def test_a_cuda_first_ddp_client_runs_unmodified_and_matches_the_cpu() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def body(ctx, device):
+        if device == "cuda":
+            torch.cuda.set_device(ctx.rank)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).to(device)
+        ids = [torch.cuda.current_device()] if device == "cuda" else None
+        ddp = DDP(model, device_ids=ids)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(2):
+            x = torch.randn(3, 4, device=device) * (ctx.rank + 1 + step)
+            opt.zero_grad()
+            ddp(x).pow(2).sum().backward()
+            opt.step()
+        return [str(p.device) for p in model.parameters()], [p.detach().cpu() for p in model.parameters()]
+
+    emulated, on_cpu = _cpu_and_emulated(body)
+    for rank in range(2):
+        assert set(emulated[rank][0]) == {f"cuda:{rank}"}
+        assert all(torch.equal(a, b) for a, b in zip(emulated[rank][1], on_cpu[rank][1]))
+
+
+def test_a_cuda_first_fsdp2_client_runs_unmodified_and_matches_the_cpu() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def body(ctx, device):
+        if device == "cuda":
+            torch.cuda.set_device(ctx.rank)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to(device)
+        mesh = init_device_mesh(device, (ctx.world_size,))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        x = torch.randn(3, 4, device=device) * (ctx.rank + 1)
+        model(x).sum().backward()
+        local = {str(p.to_local().device) for p in model.parameters()}
+        return local, [p.grad.full_tensor().cpu() for p in model.parameters()]
+
+    emulated, on_cpu = _cpu_and_emulated(body)
+    for rank in range(2):
+        assert emulated[rank][0] == {f"cuda:{rank}"}
+        assert all(torch.equal(a, b) for a, b in zip(emulated[rank][1], on_cpu[rank][1]))
+
+
+def test_tensors_torch_makes_below_python_are_on_the_device_too() -> None:
+    def body(ctx):
+        made = torch.ops.aten.empty.memory_format([2], device=torch.device("cuda"))
+        x = torch.ones(3, device="cuda")
+        derived = torch.ops.aten.mul.Tensor(x, 2)  # an aten call, as torch's own Python layers make them
+        host = torch.ops.aten._to_copy.default(x, device=torch.device("cpu"))
+        return str(made.device), str(derived.device), str(host.device), type(host) is torch.Tensor
+
+    assert _run(body) == [("cuda:0", "cuda:0", "cpu", True), ("cuda:1", "cuda:1", "cpu", True)]
+
+
+def test_backward_code_makes_tensors_on_the_device_as_forward_code_does() -> None:
+    class Doubling(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            # As Megatron's sequence-parallel backward allocates its buffers.
+            out = torch.empty(grad.shape, dtype=grad.dtype, device=torch.cuda.current_device())
+            out.copy_(grad * 2)
+            return out
+
+    def body(ctx):
+        x = torch.ones(2, device="cuda", requires_grad=True)
+        Doubling.apply(x).sum().backward()
+        (grad,) = torch.autograd.grad(Doubling.apply(x).sum(), [x])
+        return str(x.grad.device), x.grad.cpu().tolist(), str(grad.device)
+
+    assert _run(body) == [("cuda:0", [2.0, 2.0], "cuda:0"), ("cuda:1", [2.0, 2.0], "cuda:1")]

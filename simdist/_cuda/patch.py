@@ -1,0 +1,133 @@
+"""The ``cuda emulation`` patch: ``torch.cuda``'s names rebound while emulating runs are in progress.
+
+Each replacement asks who calls: a thread of an emulating run gets the
+emulated answer (``device_api``, ``streams``), every other thread torch's own
+function. ``torch.cuda.Stream`` and ``Event`` become classes whose
+construction decides the same way and for which ``isinstance`` accepts both
+kinds, so code that checks ``isinstance(s, torch.cuda.Stream)`` keeps working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.autograd.graph
+import torch.cuda
+import torch.overrides
+
+from .._isolation import patches
+from . import device_api, streams
+from .device_api import _TORCH, emulation
+
+
+def _deferring(name: str, emulated: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        if emulation() is None:
+            return _TORCH[name](*args, **kwargs)
+        return emulated(*args, **kwargs)
+
+    replacement.__name__ = replacement.__qualname__ = name
+    replacement.__doc__ = f"torch.cuda.{name}, emulated in the ranks of runs with cuda='emulate'."
+    return replacement
+
+
+def _either(name: str, emulated: type) -> type:
+    """A class standing for torch's ``name`` and its emulated twin."""
+
+    class Meta(type):
+        def __instancecheck__(cls, obj: object) -> bool:
+            return isinstance(obj, (emulated, _TORCH[name]))
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if emulation() is None:
+            return _TORCH[name](*args, **kwargs)
+        return emulated(*args, **kwargs)
+
+    return Meta(
+        name, (), {"__new__": __new__, "__module__": "simdist._cuda.patch", "__doc__": emulated.__doc__}
+    )
+
+
+def _stream_context(stream: Any) -> Any:
+    """``torch.cuda.stream(s)``: ``s`` is the rank's current stream inside the block."""
+    if stream is None:
+        return contextlib.nullcontext()
+    return stream
+
+
+REPLACED: dict[str, Any] = {
+    "is_available": device_api.is_available,
+    "device_count": device_api.device_count,
+    "is_initialized": device_api.is_initialized,
+    "init": device_api.init,
+    "current_device": device_api.current_device,
+    "set_device": device_api.set_device,
+    "get_device_name": device_api.get_device_name,
+    "get_device_properties": device_api.get_device_properties,
+    "get_device_capability": device_api.get_device_capability,
+    "synchronize": device_api.synchronize,
+    "empty_cache": device_api.empty_cache,
+    "device": device_api.device,
+    "Stream": _either("Stream", streams.EmulatedStream),
+    "Event": _either("Event", streams.EmulatedEvent),
+    "current_stream": _deferring("current_stream", streams.current_stream),
+    "default_stream": _deferring("default_stream", streams.default_stream),
+    "set_stream": _deferring("set_stream", streams.set_stream),
+    "stream": _deferring("stream", _stream_context),
+}
+
+
+# Backward entered through ``Tensor.backward`` or ``autograd.grad`` runs
+# inside the function mode's own handler, where torch has taken the mode off
+# (so that it does not see its own call again): the engine would run every
+# backward node, a custom Function's ``torch.empty(...,
+# device=torch.cuda.current_device())`` included, without it. The engine's
+# entry puts it back for the rank that emulates. (The dispatch mode stays on
+# throughout, so tensors made in backward still inherit their inputs' device.)
+_ENGINE: list[Callable[..., Any]] = []
+
+
+def _run_backward(*args: Any, **kwargs: Any) -> Any:
+    from .mode import EmulatedCudaMode
+
+    engine = _ENGINE[-1]
+    if emulation() is None or any(
+        isinstance(m, EmulatedCudaMode) for m in torch.overrides._get_current_function_mode_stack()
+    ):
+        return engine(*args, **kwargs)
+    with EmulatedCudaMode():
+        return engine(*args, **kwargs)
+
+
+def _install() -> None:
+    for name, replacement in REPLACED.items():
+        _TORCH[name] = getattr(torch.cuda, name)
+        setattr(torch.cuda, name, replacement)
+    _ENGINE.append(torch.autograd.graph._engine_run_backward)
+    torch.autograd.graph._engine_run_backward = _run_backward
+    torch.autograd._engine_run_backward = _run_backward  # its own import of it
+
+
+def _uninstall() -> None:
+    for name in REPLACED:
+        if name in _TORCH:
+            setattr(torch.cuda, name, _TORCH.pop(name))
+    if _ENGINE:
+        engine = _ENGINE.pop()
+        torch.autograd.graph._engine_run_backward = engine
+        torch.autograd._engine_run_backward = engine  # its own import of it
+
+
+patches.register(
+    "cuda emulation",
+    _install,
+    _uninstall,
+    [
+        *((torch.cuda, name) for name in REPLACED),
+        (torch.autograd.graph, "_engine_run_backward"),
+        (torch.autograd, "_engine_run_backward"),
+    ],
+)

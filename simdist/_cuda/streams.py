@@ -1,0 +1,151 @@
+"""CUDA streams and events of an emulated device.
+
+A rank's work runs in program order on the CPU, so every stream is already
+synchronised with every other: an emulated stream or event records what the
+program asked (which stream is current, what waited on what) and never
+blocks. ``query()`` is True, ``synchronize()`` returns at once, and an
+event's ``elapsed_time`` is the host's wall time between its two records.
+
+Each rank has its own current stream per device (the device's default
+stream until ``torch.cuda.set_stream`` or a ``torch.cuda.stream(s)`` block),
+as each process has on a node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+
+from . import device_api
+
+_ids = itertools.count(1)
+
+
+class EmulatedStream(torch.Stream):
+    """``torch.cuda.Stream`` on an emulated device.
+
+    A ``torch.Stream`` underneath (a CPU one), because torch's argument
+    parser accepts nothing else where a stream goes (``Tensor.record_stream``);
+    what it reports is the emulated device's."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **_: Any) -> EmulatedStream:
+        return super().__new__(cls, device=torch.device("cpu"))
+
+    def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
+        index = device_api.device_index(device)
+        self._index = index
+        self._priority = priority
+        self._id = next(_ids)
+        self.waited_on: list[Any] = []  # what this stream was made to wait for, in order
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", self._index)
+
+    @property
+    def device_index(self) -> int:  # type: ignore[override]
+        return self._index
+
+    @property
+    def device_type(self) -> int:  # type: ignore[override]
+        return 1  # c10::DeviceType::CUDA, as torch.cuda.Stream reports it
+
+    @property
+    def stream_id(self) -> int:  # type: ignore[override]
+        return self._id
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    def wait_event(self, event: Any) -> None:
+        self.waited_on.append(event)
+
+    def wait_stream(self, stream: Any) -> None:
+        self.waited_on.append(stream)
+
+    def record_event(self, event: Any = None) -> Any:
+        event = EmulatedEvent() if event is None else event
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def __enter__(self) -> EmulatedStream:
+        self._previous = current_stream(self._index)
+        set_stream(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        set_stream(self._previous)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EmulatedStream) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(("simdist emulated stream", self._id))
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:{self._index} cuda_stream={self._id:#x} (emulated)>"
+
+
+class EmulatedEvent:
+    """``torch.cuda.Event`` on an emulated device."""
+
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
+        self.enable_timing = enable_timing
+        self.recorded_on: EmulatedStream | None = None
+        self._time: float | None = None
+
+    def record(self, stream: EmulatedStream | None = None) -> None:
+        self.recorded_on = current_stream() if stream is None else stream
+        self._time = time.perf_counter()
+
+    def wait(self, stream: EmulatedStream | None = None) -> None:
+        (current_stream() if stream is None else stream).wait_event(self)
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end_event: EmulatedEvent) -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+
+def _streams() -> dict[int, EmulatedStream]:
+    """The calling rank's current stream per device index."""
+    found = device_api.emulation()
+    assert found is not None  # only called from the emulating replacements
+    emulated, rank = found
+    return emulated.rank_streams(rank)
+
+
+def default_stream(device: Any = None) -> EmulatedStream:
+    found = device_api.emulation()
+    assert found is not None
+    emulated, rank = found
+    return emulated.default_stream(rank, device_api.device_index(device), EmulatedStream)
+
+
+def current_stream(device: Any = None) -> EmulatedStream:
+    index = device_api.device_index(device)
+    return _streams().get(index) or default_stream(index)
+
+
+def set_stream(stream: EmulatedStream) -> None:
+    _streams()[stream._index] = stream
