@@ -9,10 +9,18 @@ import torch
 import torch.distributed as dist
 
 from .. import _sanitizer
+from .._core import identity
 from .._core.records import Waitable
 from .._core.scheduler import Scheduler
+from .._cuda import collectives as cuda_collectives
 from .current import _check_caller
 from .timeouts import seconds_of, wait_with_timeout
+
+
+def _emulating() -> bool:
+    """Whether the calling rank's run emulates CUDA (its stream rules then apply)."""
+    world = identity.me.world
+    return world is not None and getattr(world, "cuda_emulation", None) is not None
 
 
 class SimWork(dist.Work):
@@ -35,6 +43,9 @@ class SimWork(dist.Work):
         self._issued = time.monotonic()  # where gloo's transport timeout starts
         # In flight until waited, unless c10d waits for it at once (synchronous).
         self._in_flight = _sanitizer.issued(self, rank, waitable, synchronous)
+        self._streams = _emulating()  # CUDA's stream rules on emulated devices
+        if self._streams:
+            cuda_collectives.issued(self, rank, waitable)
 
     # The group's (or barrier's) explicit timeout in seconds, if any (see timeouts).
     timeout: float | None = None
@@ -60,6 +71,8 @@ class SimWork(dist.Work):
                 if self._in_flight:
                     self._in_flight = False
                     _sanitizer.waited(self, self._rank)
+                if self._streams:
+                    cuda_collectives.waited(self, self._rank)
         return True
 
     def is_completed(self) -> bool:
@@ -69,6 +82,8 @@ class SimWork(dist.Work):
             if self._in_flight:  # seeing it done is a wait
                 self._in_flight = False
                 _sanitizer.waited(self, self._rank)
+            if self._streams:  # the host has seen it finish
+                cuda_collectives.waited(self, self._rank, by_host=True)
             return True
         return False
 

@@ -27,6 +27,7 @@ import torch.cuda
 
 from .._core import identity
 from . import tensor
+from .ordering import RankOrder
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ PROPERTIES = EmulatedDeviceProperties()
 class EmulatedCuda:
     """One run's emulated node: its device count and each rank's current device."""
 
-    def __init__(self, world_size: int, device_count: int) -> None:
+    def __init__(self, world_size: int, device_count: int, check_streams: bool = True) -> None:
         self.device_count = device_count
+        # CUDA's stream rules, checked with the collective sanitizer (ordering.py).
+        self._orders = [RankOrder(rank) for rank in range(world_size)] if check_streams else None
         self._current = [rank % device_count for rank in range(world_size)]
         self._streams: dict[int, dict[int, Any]] = {}
         self._defaults: dict[tuple[int, int], Any] = {}
@@ -61,6 +64,9 @@ class EmulatedCuda:
     def set_current(self, rank: int, index: int) -> None:
         with self._lock:
             self._current[rank] = index
+
+    def order(self, rank: int) -> RankOrder | None:
+        return None if self._orders is None else self._orders[rank]
 
     def rank_streams(self, rank: int) -> dict[int, Any]:
         """The rank's current stream per device index (``streams``)."""
@@ -188,8 +194,13 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
 
 
 def synchronize(device: Any = None) -> None:
-    if emulation() is None:
+    found = emulation()
+    if found is None:
         _own("synchronize")(device)
+        return
+    order = found[0].order(found[1])
+    if order is not None:
+        order.synchronize_host()
 
 
 def empty_cache() -> None:

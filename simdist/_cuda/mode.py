@@ -23,6 +23,11 @@ from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .. import stacks
+from .._sanitizer.accesses import WRITE, accesses
+from .._sanitizer.mode import here
+from . import streams
+from .ordering import storage_key
 from .tensor import (
     EmulatedCudaTensor,
     _wrap_outputs,
@@ -119,12 +124,45 @@ class EmulatedDeviceDispatch(TorchDispatchMode):
             if index is None:
                 return _below_python(func, args, kwargs)
             cpu = {**kwargs, "device": torch.device("cpu")}
-            return _wrap_outputs(_below_python(func, args, cpu), index, (args, kwargs))
-        result = _below_python(func, args, kwargs)
-        for leaf in tree_flatten((args, kwargs))[0]:
-            if isinstance(leaf, EmulatedCudaTensor):
-                return _wrap_outputs(result, leaf._cuda_index, (args, kwargs))
+            result = _wrap_outputs(_below_python(func, args, cpu), index, (args, kwargs))
+        else:
+            leaves = tree_flatten((args, kwargs))[0]
+            emulated = next((leaf for leaf in leaves if isinstance(leaf, EmulatedCudaTensor)), None)
+            result = _below_python(func, args, kwargs)
+            if emulated is None:
+                return result
+            result = _wrap_outputs(result, emulated._cuda_index, (args, kwargs))
+        if not here.quiet and not func.namespace.startswith(_COLLECTIVES):
+            _ordered(func, args, kwargs, result)
         return result
+
+
+# Collectives are ordered by their Work (collectives.py), not as kernels.
+_COLLECTIVES = ("c10d", "_c10d")
+
+
+def _ordered(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+    """The op as a kernel on the rank's current stream, in CUDA's stream rules:
+    what it read and wrote of its arguments, and the memory it made."""
+    order = streams.rank_order()
+    if order is None:
+        return
+    touched = [
+        (key, access == WRITE)
+        for tensor, access in accesses(func, args, kwargs)
+        if isinstance(tensor, EmulatedCudaTensor) and (key := storage_key(tensor))
+    ]
+    # A view (detach, a slice) shares its input's storage: not new memory.
+    given = {storage_key(leaf) for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, torch.Tensor)}
+    made = [
+        key
+        for out in tree_flatten(result)[0]
+        if isinstance(out, EmulatedCudaTensor) and (key := storage_key(out)) and key not in given
+    ]
+    if touched or made:
+        stream = streams.current_stream()
+        what = f"{func.overloadpacket} at {stacks.call_site(2, outside_dispatch=True)}"
+        order.access(stream.clock, touched, what, streams.namer(order, stream), made=made)
 
 
 def _below_python(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

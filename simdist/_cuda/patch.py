@@ -81,12 +81,14 @@ REPLACED: dict[str, Any] = {
 
 
 # Backward entered through ``Tensor.backward`` or ``autograd.grad`` runs
-# inside the function mode's own handler, where torch has taken the mode off
-# (so that it does not see its own call again): the engine would run every
-# backward node, a custom Function's ``torch.empty(...,
-# device=torch.cuda.current_device())`` included, without it. The engine's
-# entry puts it back for the rank that emulates. (The dispatch mode stays on
-# throughout, so tensors made in backward still inherit their inputs' device.)
+# inside the function mode's and the emulated tensor's own handlers, where
+# torch has taken both off (so that they do not see their own call again):
+# the engine would run every backward node without them, so a custom
+# Function's ``torch.empty(..., device=torch.cuda.current_device())`` would
+# reach the CPU build's CUDA, and an emulated tensor would report ``cpu``
+# (FSDP2 picks its stream API by ``tensor.device``). The engine's entry puts
+# both back for the rank that emulates. (The dispatch mode stays on
+# throughout, and runs the aten ops below it with both off.)
 _ENGINE: list[Callable[..., Any]] = []
 
 
@@ -98,7 +100,7 @@ def _run_backward(*args: Any, **kwargs: Any) -> Any:
         isinstance(m, EmulatedCudaMode) for m in torch.overrides._get_current_function_mode_stack()
     ):
         return engine(*args, **kwargs)
-    with EmulatedCudaMode():
+    with torch._C._EnableTorchFunction(), EmulatedCudaMode():
         return engine(*args, **kwargs)
 
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import device_api
+from .ordering import Clock, RankOrder
 
 _ids = itertools.count(1)
 
@@ -39,7 +41,7 @@ class EmulatedStream(torch.Stream):
         self._index = index
         self._priority = priority
         self._id = next(_ids)
-        self.waited_on: list[Any] = []  # what this stream was made to wait for, in order
+        self.clock = Clock(self._id)  # the ordering rules' view of it (ordering.py)
 
     @property
     def device(self) -> torch.device:  # type: ignore[override]
@@ -62,10 +64,12 @@ class EmulatedStream(torch.Stream):
         return self._priority
 
     def wait_event(self, event: Any) -> None:
-        self.waited_on.append(event)
+        if event.recorded is not None:
+            seen, up_to = event.recorded
+            self.clock.learn(seen, up_to)
 
     def wait_stream(self, stream: Any) -> None:
-        self.waited_on.append(stream)
+        self.clock.learn(stream.clock, (stream.clock.id, stream.clock.seq))
 
     def record_event(self, event: Any = None) -> Any:
         event = EmulatedEvent() if event is None else event
@@ -76,7 +80,9 @@ class EmulatedStream(torch.Stream):
         return True
 
     def synchronize(self) -> None:
-        return None
+        order = rank_order()
+        if order is not None:
+            order.synchronize_host([self.clock])
 
     def __enter__(self) -> EmulatedStream:
         self._previous = current_stream(self._index)
@@ -103,11 +109,14 @@ class EmulatedEvent:
         self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> None:
         self.enable_timing = enable_timing
-        self.recorded_on: EmulatedStream | None = None
+        # What a stream that waits for the event learns: the recording
+        # stream's view at the record, and that stream up to its last kernel.
+        self.recorded: tuple[dict[int, int], tuple[int, int]] | None = None
         self._time: float | None = None
 
     def record(self, stream: EmulatedStream | None = None) -> None:
-        self.recorded_on = current_stream() if stream is None else stream
+        clock = (current_stream() if stream is None else stream).clock
+        self.recorded = (dict(clock.seen), (clock.id, clock.seq))
         self._time = time.perf_counter()
 
     def wait(self, stream: EmulatedStream | None = None) -> None:
@@ -117,7 +126,9 @@ class EmulatedEvent:
         return True
 
     def synchronize(self) -> None:
-        return None
+        order = rank_order()
+        if order is not None and self.recorded is not None:
+            order.host.learn(*self.recorded)
 
     def elapsed_time(self, end_event: EmulatedEvent) -> float:
         if not (self.enable_timing and end_event.enable_timing):
@@ -125,6 +136,12 @@ class EmulatedEvent:
         if self._time is None or end_event._time is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0
+
+
+def rank_order() -> RankOrder | None:
+    """The calling rank's stream ordering record, None where nothing is checked."""
+    found = device_api.emulation()
+    return None if found is None else found[0].order(found[1])
 
 
 def _streams() -> dict[int, EmulatedStream]:
@@ -149,3 +166,14 @@ def current_stream(device: Any = None) -> EmulatedStream:
 
 def set_stream(stream: EmulatedStream) -> None:
     _streams()[stream._index] = stream
+
+
+def label(stream: EmulatedStream) -> str:
+    kind = "the default stream" if stream is default_stream(stream._index) else f"stream {stream._id:#x}"
+    return f"{kind} of cuda:{stream._index}"
+
+
+def namer(order: RankOrder, stream: EmulatedStream) -> Callable[[int], str]:
+    """Names for the streams of ``order``'s messages (``stream``: the one in use now)."""
+    order.labels.setdefault(stream._id, label(stream))
+    return lambda ident: order.labels.get(ident, "a communicator stream")

@@ -66,7 +66,11 @@ class World(CallHooks):
         # every rank instead of a copy each (O(world) memory per rank).
         self.world_rank_map = {r: r for r in range(n)}
         # CUDA emulation (simdist._cuda): each rank's current device, the node's GPU count.
-        self.cuda_emulation = EmulatedCuda(n, options.emulated_devices) if options.cuda == "emulate" else None
+        self.cuda_emulation = (
+            EmulatedCuda(n, options.emulated_devices, options.check_async)
+            if options.cuda == "emulate"
+            else None
+        )
         # Exceptions that escaped a rank's helper threads, per rank: the rank
         # fails with the first once its body has returned (never swallowed).
         self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}

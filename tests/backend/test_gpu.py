@@ -29,7 +29,14 @@ from simdist.launch import run_processes
 TIMEOUT_S = 180.0
 # NCCL has no bitwise reductions (BAND/BOR/BXOR), which all_reduce_int covers.
 NCCL_PROGRAMS = [name for name in PROGRAM_NAMES if name != "all_reduce_int"]
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
+# "emulated": CUDA tensors on simdist's emulated devices (cuda="emulate"), so
+# the CUDA paths of these tests run everywhere; "cuda" needs a GPU.
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("emulated")]
+
+
+def _on(device: str) -> dict[str, Any]:
+    """simdist.run's options for one of DEVICES."""
+    return {"device": "cuda", "cuda": "emulate"} if device == "emulated" else {"device": device}
 
 
 def _gpus() -> int:
@@ -59,21 +66,21 @@ def _assert_same(
     assert not found, f"{len(found)} differences ({what}):\n" + "\n".join(found[:40])
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("emulated")])
 @pytest.mark.parametrize("layout", [Layout(tp=2, dp=2), Layout(tp=2, pp=2), Layout(pp=3)], ids=str)
-def test_simdist_on_cuda_matches_simdist_on_cpu(layout: Layout) -> None:
+def test_simdist_on_cuda_matches_simdist_on_cpu(layout: Layout, device: str) -> None:
     def run(device):
         return _cpu(
             simdist.run(
                 spmd_programs.run_programs,
                 layout=layout,
-                device=device,
                 args=(PROGRAM_NAMES, SEED),
                 timeout=TIMEOUT_S,
+                **_on(device),
             )
         )
 
-    _assert_same(run("cpu"), run("cuda"), f"{layout}: cpu vs cuda")
+    _assert_same(run("cpu"), run(device), f"{layout}: cpu vs {device}")
 
 
 @pytest.mark.gpu
@@ -125,9 +132,9 @@ def test_soft_cross_entropy_under_tp(chunk: int, device: str) -> None:
     results = simdist.run(
         _soft_ce_rank,
         layout=Layout(tp=2),
-        device=device,
         args=(student, teacher, mask, chunk),
         timeout=TIMEOUT_S,
+        **_on(device),
     )
     s64 = student.double().requires_grad_(True)
     expected = reference_stats(s64, teacher.double(), mask.double()).numerators
@@ -158,7 +165,7 @@ def test_collectives_inside_backward(device: str) -> None:
         (SumOverTP.apply(x * (ctx.rank + 1), ctx.groups.tp) ** 2).sum().backward()
         return x.grad.cpu()  # type: ignore[union-attr]
 
-    grads = simdist.run(body, layout=Layout(tp=2), device=device, timeout=TIMEOUT_S)
+    grads = simdist.run(body, layout=Layout(tp=2), timeout=TIMEOUT_S, **_on(device))
     # Rank k (k = 1, 2) computes y = k x with x = 1, so dL/dy = 2 k; backward sums
     # that over both ranks (2 + 4 = 6) and the chain rule multiplies by k.
     for rank, grad in enumerate(grads):
@@ -190,7 +197,7 @@ def test_differential_program_on_simdist_device(name: str, device: str) -> None:
     """simdist gives the same outcome for the program with CUDA tensors as with CPU ones."""
     program = DIFFERENTIAL_PROGRAMS[name]
     on_cpu = diff_worlds.run_simdist(program)
-    on_device = diff_worlds.run_simdist(program, device=device)
+    on_device = diff_worlds.run_simdist(program, **_on(device))
     found = compare(program, on_cpu, on_device)
     assert not found, "\n".join(str(d) for d in found)
 

@@ -1,4 +1,4 @@
-"""The sanitizer with CUDA streams (``pytest -m gpu``; skipped where CUDA is missing).
+"""The sanitizer with CUDA streams: on a GPU (``pytest -m gpu``) and on simdist's emulated devices.
 
 A collective issued on a side stream and read on the compute stream before its
 Work is waited is the same race as on the CPU: refused. Waiting (and making
@@ -18,9 +18,13 @@ import textwrap
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+ON_A_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# Where the program's streams and tensors live: a GPU alone, a GPU with
+# PyTorch's own stream sanitizer, or simdist's emulated devices (anywhere).
+WHERE = [
+    pytest.param("gpu", marks=ON_A_GPU, id="alone"),
+    pytest.param("csan", marks=ON_A_GPU, id="with TORCH_CUDA_SANITIZER"),
+    pytest.param("emulated", id="emulated CUDA"),
 ]
 
 PROGRAM = textwrap.dedent(
@@ -45,33 +49,34 @@ PROGRAM = textwrap.dedent(
         return float(total)
 
     fixed = sys.argv[1] == "fixed"
+    emulate = {"cuda": "emulate"} if sys.argv[2] == "emulated" else {}
     try:
-        print("RESULT", simdist.run(body, world_size=2, device="cuda", args=(fixed,)))
+        print("RESULT", simdist.run(body, world_size=2, device="cuda", args=(fixed,), **emulate))
     except simdist.RankError as err:
         print("ERROR", type(err.__cause__).__name__, err.__cause__)
     """
 )
 
 
-def _run(mode: str, csan: bool) -> str:
+def _run(mode: str, where: str) -> str:
     env = dict(os.environ)
-    if csan:
+    if where == "csan":
         env["TORCH_CUDA_SANITIZER"] = "1"
     done = subprocess.run(
-        [sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", PROGRAM, mode, where], capture_output=True, text=True, timeout=300, env=env
     )
     return done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("csan", [False, True], ids=["alone", "with TORCH_CUDA_SANITIZER"])
-def test_a_side_stream_collective_read_on_the_compute_stream_before_its_wait(csan: bool) -> None:
-    racy = _run("racy", csan)
+@pytest.mark.parametrize("where", WHERE)
+def test_a_side_stream_collective_read_on_the_compute_stream_before_its_wait(where: str) -> None:
+    racy = _run("racy", where)
     assert "ERROR AsyncRaceError" in racy, racy
     assert "all_reduce on group world [0, 1] seq 0" in racy, racy
 
 
-@pytest.mark.parametrize("csan", [False, True], ids=["alone", "with TORCH_CUDA_SANITIZER"])
-def test_with_the_wait_and_the_stream_dependency_it_runs_clean(csan: bool) -> None:
-    fixed = _run("fixed", csan)
+@pytest.mark.parametrize("where", WHERE)
+def test_with_the_wait_and_the_stream_dependency_it_runs_clean(where: str) -> None:
+    fixed = _run("fixed", where)
     assert "RESULT [3072.0, 3072.0]" in fixed, fixed
     assert "CSAN detected a possible data race" not in fixed, fixed

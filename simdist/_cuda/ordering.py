@@ -1,0 +1,135 @@
+"""CUDA's stream ordering rules on emulated devices (part of the collective sanitizer).
+
+On a GPU, kernels on two streams run in any order unless something orders
+them: ``wait_stream``, an event recorded on one and waited on the other, a
+host synchronisation, a collective's ``Work.wait()`` (which makes the
+current stream wait for the communicator's stream). PyTorch's CUDA stream
+sanitizer (CSAN) reports an access on one stream to memory another stream
+wrote (or, for a write, read) with no such order between them. An emulated
+rank runs every kernel in program order, so the values never race; this
+module applies the same rule to what the program asked for, and raises
+``AsyncRaceError`` naming both accesses, deterministically.
+
+Each stream counts its kernels (``seq``) and keeps, per other stream, the
+last kernel of it known to have happened before its own next one (a vector
+clock, ``seen``); the host keeps one too (what it synchronised with), which
+every stream's next kernel inherits. Memory is tracked per storage, as CSAN
+does. A collective runs on a stream of its own that starts after the
+current stream's work at the call.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import AsyncRaceError
+
+_ids = itertools.count(1_000_000)  # collectives' own streams (emulated streams count from 1)
+
+
+class Clock:
+    """A stream's kernel count and what it has seen of the others."""
+
+    __slots__ = ("id", "seen", "seq")
+
+    def __init__(self, ident: int) -> None:
+        self.id = ident
+        self.seq = 0
+        self.seen: dict[int, int] = {}
+
+    def learn(self, other: Clock | dict[int, int], up_to: tuple[int, int] | None = None) -> None:
+        """Everything ``other`` has seen (and ``up_to``: a stream and kernel) happened before."""
+        seen = other.seen if isinstance(other, Clock) else other
+        mine = self.seen
+        for stream, seq in seen.items():
+            if mine.get(stream, 0) < seq:
+                mine[stream] = seq
+        if up_to is not None and mine.get(up_to[0], 0) < up_to[1]:
+            mine[up_to[0]] = up_to[1]
+
+
+class RankOrder:
+    """One rank's record of which stream last wrote and read each storage."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.host = Clock(0)
+        self.streams: dict[int, Clock] = {}  # every stream the rank used, by id
+        self.writes: dict[int, tuple[int, int, str]] = {}  # storage -> (stream, seq, what)
+        self.reads: dict[int, dict[int, tuple[int, str]]] = {}  # storage -> stream -> (seq, what)
+        self.collectives: dict[int, Clock] = {}  # id(work) -> its stream
+        self.labels: dict[int, str] = {}  # stream id -> how messages name it
+
+    def _happened(self, clock: Clock, stream: int, seq: int) -> bool:
+        return stream == clock.id or clock.seen.get(stream, 0) >= seq or self.host.seen.get(stream, 0) >= seq
+
+    def access(
+        self, clock: Clock, accesses: list[tuple[int, bool]], what: str, name: Any, made: Sequence[int] = ()
+    ) -> None:
+        """A kernel on ``clock``'s stream touching storages (``(key, writes)``)
+        and writing the new ones it ``made`` (whose memory may have held a freed
+        tensor: their old records go)."""
+        self.streams[clock.id] = clock
+        for key, writes in accesses:
+            last = self.writes.get(key)
+            if last is not None and not self._happened(clock, last[0], last[1]):
+                raise _race(self.rank, what, name(clock.id), last[2], name(last[0]), writes, "wrote")
+            if writes:
+                for stream, (seq, earlier) in self.reads.get(key, {}).items():
+                    if not self._happened(clock, stream, seq):
+                        raise _race(self.rank, what, name(clock.id), earlier, name(stream), writes, "read")
+        clock.seq += 1
+        for key in made:
+            self.writes[key] = (clock.id, clock.seq, what)
+            self.reads.pop(key, None)
+        for key, writes in accesses:
+            if writes:
+                self.writes[key] = (clock.id, clock.seq, what)
+                self.reads.pop(key, None)
+            else:
+                self.reads.setdefault(key, {})[clock.id] = (clock.seq, what)
+
+    def synchronize_host(self, clocks: list[Clock] | None = None) -> None:
+        """The host waited for these streams' work (all the rank's: ``None``)."""
+        for clock in self.streams.values() if clocks is None else clocks:
+            self.host.learn(clock, (clock.id, clock.seq))
+
+    def collective_issued(
+        self, key: int, current: Clock, buffers: list[tuple[int, bool]], what: str, name: Any
+    ) -> None:
+        stream = Clock(next(_ids))
+        self.labels[stream.id] = f"the communicator stream of {what.split(' at ')[0]}"
+        stream.learn(current, (current.id, current.seq))
+        stream.learn(self.host)
+        self.collectives[key] = stream
+        self.access(stream, buffers, what, name)
+
+    def collective_waited(self, key: int, current: Clock | None) -> None:
+        """``Work.wait()``: the current stream waits for the call's (the host, when ``current`` is None)."""
+        stream = self.collectives.pop(key, None)
+        if stream is None:
+            return
+        (self.host if current is None else current).learn(stream, (stream.id, stream.seq))
+
+
+def _race(
+    rank: int, now: str, now_stream: str, then: str, then_stream: str, writes: bool, did: str
+) -> AsyncRaceError:
+    doing = "writes" if writes else "reads"
+    return AsyncRaceError(
+        f"rank {rank}: {now} on {now_stream} {doing} memory that {then} on {then_stream} {did}, with "
+        "nothing ordering the two streams (no wait_stream, no event waited, no synchronize, no Work.wait "
+        "on this stream): on a GPU they may run in either order (CUDA's stream rules, as "
+        "TORCH_CUDA_SANITIZER checks them)"
+    )
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
