@@ -38,7 +38,8 @@ def issued(work: Any, rank: int, waitable: Any) -> None:
         return
     current = streams.current_stream()
     what = f"{entry.describe()} at {stacks.call_site(2, outside_dispatch=True)}"
-    order.collective_issued(id(work), current.clock, buffers, what, streams.namer(order, current))
+    group = str(waitable.group.describe())
+    order.collective_issued(id(work), group, current.clock, buffers, what, streams.namer(order, current))
 
 
 def waited(work: Any, rank: int, by_host: bool = False) -> None:

@@ -21,7 +21,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from .. import stacks
 from .._sanitizer.accesses import WRITE, accesses
@@ -33,6 +32,7 @@ from .tensor import (
     _wrap_outputs,
     cuda_index,
     index_of,
+    leaves,
     move,
     set_data,
     to,
@@ -126,8 +126,9 @@ class EmulatedDeviceDispatch(TorchDispatchMode):
             cpu = {**kwargs, "device": torch.device("cpu")}
             result = _wrap_outputs(_below_python(func, args, cpu), index, (args, kwargs))
         else:
-            leaves = tree_flatten((args, kwargs))[0]
-            emulated = next((leaf for leaf in leaves if isinstance(leaf, EmulatedCudaTensor)), None)
+            emulated = next(
+                (leaf for leaf in leaves((args, kwargs)) if isinstance(leaf, EmulatedCudaTensor)), None
+            )
             result = _below_python(func, args, kwargs)
             if emulated is None:
                 return result
@@ -153,10 +154,10 @@ def _ordered(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: A
         if isinstance(tensor, EmulatedCudaTensor) and (key := storage_key(tensor))
     ]
     # A view (detach, a slice) shares its input's storage: not new memory.
-    given = {storage_key(leaf) for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, torch.Tensor)}
+    given = {storage_key(leaf) for leaf in leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)}
     made = [
         key
-        for out in tree_flatten(result)[0]
+        for out in leaves(result)
         if isinstance(out, EmulatedCudaTensor) and (key := storage_key(out)) and key not in given
     ]
     if touched or made:

@@ -14,8 +14,8 @@ Each stream counts its kernels (``seq``) and keeps, per other stream, the
 last kernel of it known to have happened before its own next one (a vector
 clock, ``seen``); the host keeps one too (what it synchronised with), which
 every stream's next kernel inherits. Memory is tracked per storage, as CSAN
-does. A collective runs on a stream of its own that starts after the
-current stream's work at the call.
+does. A collective runs on its group's communicator stream, which first
+waits for the current stream's work at the call.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from ..errors import AsyncRaceError
 
-_ids = itertools.count(1_000_000)  # collectives' own streams (emulated streams count from 1)
+_ids = itertools.count(1_000_000)  # communicator streams (emulated streams count from 1)
 
 
 class Clock:
@@ -61,7 +61,9 @@ class RankOrder:
         self.streams: dict[int, Clock] = {}  # every stream the rank used, by id
         self.writes: dict[int, tuple[int, int, str]] = {}  # storage -> (stream, seq, what)
         self.reads: dict[int, dict[int, tuple[int, str]]] = {}  # storage -> stream -> (seq, what)
-        self.collectives: dict[int, Clock] = {}  # id(work) -> its stream
+        # id(work) -> what its communicator stream had seen, and its own kernel
+        self.collectives: dict[int, tuple[dict[int, int], tuple[int, int]]] = {}
+        self.communicators: dict[str, Clock] = {}  # group -> its stream
         self.labels: dict[int, str] = {}  # stream id -> how messages name it
 
     def _happened(self, clock: Clock, stream: int, seq: int) -> bool:
@@ -99,21 +101,24 @@ class RankOrder:
             self.host.learn(clock, (clock.id, clock.seq))
 
     def collective_issued(
-        self, key: int, current: Clock, buffers: list[tuple[int, bool]], what: str, name: Any
+        self, key: int, group: str, current: Clock, buffers: list[tuple[int, bool]], what: str, name: Any
     ) -> None:
-        stream = Clock(next(_ids))
-        self.labels[stream.id] = f"the communicator stream of {what.split(' at ')[0]}"
+        """A call on ``group``'s communicator stream (one per group, as NCCL has),
+        which first waits for the current stream's work."""
+        stream = self.communicators.get(group)
+        if stream is None:
+            stream = self.communicators[group] = Clock(next(_ids))
+            self.labels[stream.id] = f"the communicator stream of group {group}"
         stream.learn(current, (current.id, current.seq))
         stream.learn(self.host)
-        self.collectives[key] = stream
         self.access(stream, buffers, what, name)
+        self.collectives[key] = (dict(stream.seen), (stream.id, stream.seq))
 
     def collective_waited(self, key: int, current: Clock | None) -> None:
-        """``Work.wait()``: the current stream waits for the call's (the host, when ``current`` is None)."""
-        stream = self.collectives.pop(key, None)
-        if stream is None:
-            return
-        (self.host if current is None else current).learn(stream, (stream.id, stream.seq))
+        """``Work.wait()``: the current stream waits for the call (the host, when ``current`` is None)."""
+        done = self.collectives.pop(key, None)
+        if done is not None:
+            (self.host if current is None else current).learn(*done)
 
 
 def _race(

@@ -27,9 +27,38 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 _TensorBase = torch._C.TensorBase
+
+
+def leaves(value: Any) -> list[Any]:
+    """The leaves of an op's arguments or results: tensors sit in tuples,
+    lists and dicts only (torch's pytree, which knows every registered node
+    type, cost most of an emulated op)."""
+    out: list[Any] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (tuple, list)):
+            stack.extend(reversed(item))  # in order: the first tensor names the device in errors
+        elif isinstance(item, dict):
+            stack.extend(reversed(item.values()))
+        else:
+            out.append(item)
+    return out
+
+
+def _map_tensors(fn: Callable[[Any], Any], value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, list):
+        return [_map_tensors(fn, item) for item in value]
+    if isinstance(value, tuple):
+        mapped = tuple(_map_tensors(fn, item) for item in value)
+        return type(value)(*mapped) if hasattr(value, "_fields") else mapped  # a named tuple keeps its type
+    if isinstance(value, dict):
+        return {key: _map_tensors(fn, item) for key, item in value.items()}
+    return value
 
 
 def _getter(name: str) -> object:
@@ -161,7 +190,7 @@ def _check_devices(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """The one emulated index the op's tensors share; raises torch's error otherwise."""
     index: int | None = None
     cpu = False
-    for leaf in tree_flatten((args, kwargs))[0]:
+    for leaf in leaves((args, kwargs)):
         if isinstance(leaf, EmulatedCudaTensor):
             if index is None:
                 index = leaf._cuda_index
@@ -178,14 +207,14 @@ def _check_devices(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
 def _wrap_outputs(result: Any, index: int, inputs: tuple[Any, ...] = ()) -> Any:
     """Tensors the op made, reported on ``cuda:index``; a CPU tensor it was
     given and returns (an in-place op's own argument) stays the caller's."""
-    given = {id(leaf) for leaf in tree_flatten(inputs)[0] if isinstance(leaf, torch.Tensor)}
+    given = {id(leaf) for leaf in leaves(inputs) if isinstance(leaf, torch.Tensor)}
 
     def wrap(value: Any) -> Any:
         if type(value) is torch.Tensor and id(value) not in given:
             return emulated(value, index)
         return value
 
-    return tree_map(wrap, result)
+    return _map_tensors(wrap, result)
 
 
 def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
