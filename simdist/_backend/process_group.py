@@ -48,6 +48,9 @@ BACKEND_NAME = "simdist"
 Fingerprint = tuple[tuple[str, Any], ...]
 
 
+_BITWISE = ("BAND", "BOR", "BXOR")
+
+
 class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     """One rank's handle on one simulated communicator.
 
@@ -172,7 +175,11 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
         try:
-            return check_reduce_op(opts.reduceOp, dtype, op)
+            red = check_reduce_op(opts.reduceOp, dtype, op)
+            if red in _BITWISE and self._info.nccl:
+                # NCCL has no bitwise reductions (ProcessGroupNCCL's own words).
+                raise UnsupportedOperationError(f"{op}: Cannot use ReduceOp.{red} with NCCL")
+            return red
         except UnsupportedOperationError as exc:
             raise _refused(exc)  # noqa: B904 (the same error, re-raised once it is noted world-wide)
 

@@ -16,6 +16,9 @@ from typing import Any
 import torch
 import torch.autograd.graph
 import torch.cuda
+import torch.cuda.nccl
+import torch.distributed
+import torch.distributed.distributed_c10d
 import torch.overrides
 
 from .._isolation import patches
@@ -104,10 +107,35 @@ def _run_backward(*args: Any, **kwargs: Any) -> Any:
         return engine(*args, **kwargs)
 
 
+# NCCL, as a node's ranks see it: available, and a version for c10d's error
+# logger (which asks for it when a call on an "nccl" group raises), so a
+# group asked for with backend="nccl" reports that name (_isolation.c10d_state).
+EMULATED_NCCL_VERSION = (2, 21, 5)
+
+
+def _nccl_available() -> bool:
+    return True if emulation() is not None else bool(_NCCL["is_nccl_available"]())
+
+
+def _nccl_version() -> Any:
+    return EMULATED_NCCL_VERSION if emulation() is not None else _NCCL["version"]()
+
+
+_NCCL: dict[str, Any] = {}
+_NCCL_PLACES = (
+    (torch.distributed, "is_nccl_available", _nccl_available),
+    (torch.distributed.distributed_c10d, "is_nccl_available", _nccl_available),
+    (torch.cuda.nccl, "version", _nccl_version),
+)
+
+
 def _install() -> None:
     for name, replacement in REPLACED.items():
         _TORCH[name] = getattr(torch.cuda, name)
         setattr(torch.cuda, name, replacement)
+    for owner, name, replacement in _NCCL_PLACES:
+        _NCCL.setdefault(name, getattr(owner, name))
+        setattr(owner, name, replacement)
     _ENGINE.append(torch.autograd.graph._engine_run_backward)
     torch.autograd.graph._engine_run_backward = _run_backward
     torch.autograd._engine_run_backward = _run_backward  # its own import of it
@@ -117,6 +145,10 @@ def _uninstall() -> None:
     for name in REPLACED:
         if name in _TORCH:
             setattr(torch.cuda, name, _TORCH.pop(name))
+    for owner, name, _ in _NCCL_PLACES:
+        if name in _NCCL:
+            setattr(owner, name, _NCCL[name])
+    _NCCL.clear()
     if _ENGINE:
         engine = _ENGINE.pop()
         torch.autograd.graph._engine_run_backward = engine
@@ -129,6 +161,7 @@ patches.register(
     _uninstall,
     [
         *((torch.cuda, name) for name in REPLACED),
+        *((owner, name) for owner, name, _ in _NCCL_PLACES),
         (torch.autograd.graph, "_engine_run_backward"),
         (torch.autograd, "_engine_run_backward"),
     ],

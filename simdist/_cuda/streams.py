@@ -175,5 +175,6 @@ def label(stream: EmulatedStream) -> str:
 
 def namer(order: RankOrder, stream: EmulatedStream) -> Callable[[int], str]:
     """Names for the streams of ``order``'s messages (``stream``: the one in use now)."""
-    order.labels.setdefault(stream._id, label(stream))
+    if stream._id not in order.labels:
+        order.labels[stream._id] = label(stream)
     return lambda ident: order.labels.get(ident, "a communicator stream")

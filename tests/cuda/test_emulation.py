@@ -465,3 +465,30 @@ def test_backward_code_makes_tensors_on_the_device_as_forward_code_does() -> Non
         return str(x.grad.device), x.grad.cpu().tolist(), str(grad.device)
 
     assert _run(body) == [("cuda:0", [2.0, 2.0], "cuda:0"), ("cuda:1", [2.0, 2.0], "cuda:1")]
+
+
+# ------------------------------------------------------------------ NCCL
+
+
+def test_code_that_picks_nccl_when_cuda_is_there_gets_an_nccl_group() -> None:
+    def body(ctx):
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        group = dist.new_group(backend=backend)
+        t = torch.ones(2, device="cuda")
+        dist.all_reduce(t, group=group)
+        return dist.get_backend(group), dist.is_nccl_available(), t.tolist()
+
+    assert _run(body) == [("nccl", True, [2.0, 2.0])] * 2
+    assert dist.is_nccl_available() is torch.distributed.distributed_c10d._NCCL_AVAILABLE  # the caller's own
+
+
+def test_an_nccl_group_refuses_bitwise_reductions_as_nccl_does() -> None:
+    def body(ctx):
+        group = dist.new_group(backend="nccl")
+        dist.all_reduce(torch.ones(2, dtype=torch.int32, device="cuda"), op=dist.ReduceOp.BAND, group=group)
+
+    with pytest.raises(simdist.RankError) as caught:
+        _run(body)
+    # simdist's error reaches the program, not c10d's error logger's own failure.
+    assert "Cannot use ReduceOp.BAND with NCCL" in str(caught.value)
+    assert set(caught.value.failures) == {0, 1}  # every rank, together
