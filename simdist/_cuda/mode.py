@@ -46,6 +46,56 @@ def _default_device() -> torch.device | None:
     return None if context is None else context.device
 
 
+# CUDA autocast's float32 ops (its "fp32" list) that CPU autocast, which
+# runs the emulated device's autocast (patch.py), leaves in the low
+# precision: under autocast("cuda") they compute in float32, as on a GPU.
+_AUTOCAST_FP32 = frozenset(
+    {
+        torch.softmax,
+        torch.Tensor.softmax,
+        torch._C._nn.softplus,
+        torch.log_softmax,
+        torch.Tensor.log_softmax,
+        torch.layer_norm,
+        torch.group_norm,
+        torch.norm,
+        torch.Tensor.norm,
+        torch._C._nn.cross_entropy_loss,
+        torch._C._nn.nll_loss_nd,
+        torch._C._nn.mse_loss,
+        torch._C._nn.smooth_l1_loss,
+        torch.exp,
+        torch.Tensor.exp,
+        torch.log,
+        torch.Tensor.log,
+        torch.pow,
+        torch.Tensor.pow,
+        torch.sum,
+        torch.Tensor.sum,
+        torch.prod,
+        torch.Tensor.prod,
+        torch.cumsum,
+        torch.Tensor.cumsum,
+        torch.cumprod,
+        torch.Tensor.cumprod,
+        torch.rsqrt,
+        torch.Tensor.rsqrt,
+    }
+)
+
+
+def _in_float32(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def widened(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64:
+            return value.float()
+        if isinstance(value, (list, tuple)):
+            return type(value)(widened(item) for item in value)
+        return value
+
+    with torch.autocast("cpu", enabled=False):
+        return func(*widened(args), **{key: widened(value) for key, value in kwargs.items()})
+
+
 class EmulatedCudaMode(TorchFunctionMode):
     def __torch_function__(
         self,
@@ -55,6 +105,8 @@ class EmulatedCudaMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func in _AUTOCAST_FP32 and torch.is_autocast_enabled("cuda"):
+            return _in_float32(func, args, kwargs)
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and not isinstance(first, EmulatedCudaTensor):
             if func is torch.Tensor.cuda:

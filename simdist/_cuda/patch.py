@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.amp.autocast_mode
 import torch.autograd.graph
 import torch.cuda
 import torch.cuda.nccl
@@ -121,6 +122,34 @@ def _nccl_version() -> Any:
     return EMULATED_NCCL_VERSION if emulation() is not None else _NCCL["version"]()
 
 
+# torch.autocast("cuda") sets CUDA's autocast state, which casts only CUDA
+# tensors: on emulated (CPU) tensors it would silently compute in float32.
+# In an emulating rank it also enters CPU autocast with the same dtype, whose
+# lists cast the ops that matter alike (matmul, mm, bmm, addmm, baddbmm,
+# linear, conv, scaled_dot_product_attention to the low precision); where
+# the two lists differ, the CPU's decides (docs/cuda.md).
+_AUTOCAST: dict[str, Any] = {}
+_Autocast = torch.amp.autocast_mode.autocast
+
+
+def _autocast_enter(self: Any) -> Any:
+    result = _AUTOCAST["__enter__"](self)
+    if self.device == "cuda" and emulation() is not None:
+        cpu = _Autocast(
+            "cpu", dtype=self.fast_dtype, enabled=self._enabled, cache_enabled=self._cache_enabled
+        )
+        cpu.__enter__()
+        self._simdist_cpu_autocast = cpu
+    return result
+
+
+def _autocast_exit(self: Any, *exc: Any) -> Any:
+    cpu = self.__dict__.pop("_simdist_cpu_autocast", None)
+    if cpu is not None:
+        cpu.__exit__(*exc)
+    return _AUTOCAST["__exit__"](self, *exc)
+
+
 _NCCL: dict[str, Any] = {}
 _NCCL_PLACES = (
     (torch.distributed, "is_nccl_available", _nccl_available),
@@ -136,6 +165,9 @@ def _install() -> None:
     for owner, name, replacement in _NCCL_PLACES:
         _NCCL.setdefault(name, getattr(owner, name))
         setattr(owner, name, replacement)
+    for name, replacement in (("__enter__", _autocast_enter), ("__exit__", _autocast_exit)):
+        _AUTOCAST[name] = _Autocast.__dict__[name]
+        setattr(_Autocast, name, replacement)
     _ENGINE.append(torch.autograd.graph._engine_run_backward)
     torch.autograd.graph._engine_run_backward = _run_backward
     torch.autograd._engine_run_backward = _run_backward  # its own import of it
@@ -149,6 +181,9 @@ def _uninstall() -> None:
         if name in _NCCL:
             setattr(owner, name, _NCCL[name])
     _NCCL.clear()
+    for name in ("__enter__", "__exit__"):
+        if name in _AUTOCAST:
+            setattr(_Autocast, name, _AUTOCAST.pop(name))
     if _ENGINE:
         engine = _ENGINE.pop()
         torch.autograd.graph._engine_run_backward = engine
@@ -162,6 +197,8 @@ patches.register(
     [
         *((torch.cuda, name) for name in REPLACED),
         *((owner, name) for owner, name, _ in _NCCL_PLACES),
+        (_Autocast, "__enter__"),
+        (_Autocast, "__exit__"),
         (torch.autograd.graph, "_engine_run_backward"),
         (torch.autograd, "_engine_run_backward"),
     ],

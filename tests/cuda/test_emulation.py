@@ -101,6 +101,25 @@ def test_the_caller_and_runs_without_emulation_see_torchs_own_answers() -> None:
     assert torch.cuda.device.__module__ == "torch.cuda"
 
 
+def test_every_place_the_emulation_changes_holds_torchs_own_value_after_runs_that_failed() -> None:
+    from simdist._isolation import patches
+
+    before = patches.current_values()
+
+    def body(ctx):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            torch.ones(2, device="cuda").sum().backward()  # no grad: raises inside backward's entry
+        return None
+
+    with pytest.raises(simdist.RankError):
+        _run(body)
+    with pytest.raises(simdist.RankError):
+        _run(lambda ctx: 1 / 0)
+    assert patches.current_values() == before
+    assert torch.amp.autocast_mode.autocast.__enter__.__module__ == "torch.amp.autocast_mode"
+    assert dist.is_nccl_available.__module__ == "torch.distributed.distributed_c10d"
+
+
 def test_a_helper_thread_of_a_rank_sees_its_ranks_device_and_makes_tensors_on_it() -> None:
     def body(ctx):
         torch.cuda.set_device(ctx.rank)
@@ -492,3 +511,36 @@ def test_an_nccl_group_refuses_bitwise_reductions_as_nccl_does() -> None:
     # simdist's error reaches the program, not c10d's error logger's own failure.
     assert "Cannot use ReduceOp.BAND with NCCL" in str(caught.value)
     assert set(caught.value.failures) == {0, 1}  # every rank, together
+
+
+# ----------------------------------------------------------------- autocast
+
+
+def test_autocast_cuda_casts_as_on_a_gpu() -> None:
+    """Matmuls in the low precision, softmax and losses in float32 (CUDA's
+    lists), values as the CPU computes those dtypes; nothing cast outside."""
+    torch.manual_seed(0)
+    a = torch.randn(4, 4)
+
+    def body(ctx, a):
+        x = a.cuda()
+        out = {}
+        for dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast("cuda", dtype=dtype):
+                product = x @ x
+                probs = torch.softmax(product, -1)
+                loss = torch.nn.functional.cross_entropy(product, torch.tensor([0, 1, 2, 3], device="cuda"))
+            out[dtype] = (product.dtype, probs.dtype, loss.dtype, probs.cpu(), product.cpu())
+        with torch.autocast("cuda", enabled=False):
+            out["off"] = (x @ x).dtype
+        out["after"] = (x @ x).dtype
+        return out
+
+    (out,) = _run(body, world_size=1, args=(a,))
+    for dtype in (torch.bfloat16, torch.float16):
+        product_dtype, probs_dtype, loss_dtype, probs, product = out[dtype]
+        assert (product_dtype, probs_dtype, loss_dtype) == (dtype, torch.float32, torch.float32)
+        want = a.to(dtype) @ a.to(dtype)
+        assert torch.equal(product, want)
+        assert torch.equal(probs, torch.softmax(want.float(), -1))
+    assert out["off"] == out["after"] == torch.float32
