@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import stacks
 from .._sanitizer.accesses import WRITE, accesses
 from .._sanitizer.mode import here
-from . import streams
+from . import generators, streams
 from .ordering import storage_key
 from .tensor import (
     EmulatedCudaTensor,
@@ -129,8 +129,18 @@ class EmulatedCudaMode(TorchFunctionMode):
         index = cuda_index(device) if device is not None else None
         if index is None:
             return func(*args, **kwargs)
-        result = func(*args, **{**kwargs, "device": "cpu"})
+        cpu = {**kwargs, "device": "cpu"}
+        if getattr(func, "__name__", "") in _RANDOM_FACTORIES and kwargs.get("generator") is None:
+            # The aten call below names the CPU: the device's generator is chosen here.
+            result = generators.drawing_on(index, lambda: func(*args, **cpu))
+        else:
+            result = func(*args, **cpu)
         return _wrap_outputs(result, index)
+
+
+_RANDOM_FACTORIES = frozenset(
+    {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "bernoulli"}
+)
 
 
 _NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # what a subclass without a dispatch of its own has
@@ -176,14 +186,14 @@ class EmulatedDeviceDispatch(TorchDispatchMode):
             if index is None:
                 return _below_python(func, args, kwargs)
             cpu = {**kwargs, "device": torch.device("cpu")}
-            result = _wrap_outputs(_below_python(func, args, cpu), index, (args, kwargs))
+            result = _wrap_outputs(_run(func, args, cpu, index), index, (args, kwargs))
         else:
             emulated = next(
                 (leaf for leaf in leaves((args, kwargs)) if isinstance(leaf, EmulatedCudaTensor)), None
             )
-            result = _below_python(func, args, kwargs)
             if emulated is None:
-                return result
+                return _below_python(func, args, kwargs)
+            result = _run(func, args, kwargs, emulated._cuda_index)
             result = _wrap_outputs(result, emulated._cuda_index, (args, kwargs))
         if not here.quiet and not func.namespace.startswith(_COLLECTIVES):
             _ordered(func, args, kwargs, result)
@@ -216,6 +226,13 @@ def _ordered(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: A
         stream = streams.current_stream()
         what = f"{func.overloadpacket} at {stacks.call_site(2, outside_dispatch=True)}"
         order.access(stream.clock, touched, what, streams.namer(order, stream), made=made)
+
+
+def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
+    """An op on ``cuda:index``: a random one draws from that device's generator."""
+    if kwargs.get("generator") is None and torch.Tag.nondeterministic_seeded in func.tags:
+        return generators.drawing_on(index, lambda: _below_python(func, args, kwargs))
+    return _below_python(func, args, kwargs)
 
 
 def _below_python(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

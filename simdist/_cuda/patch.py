@@ -23,7 +23,7 @@ import torch.distributed.distributed_c10d
 import torch.overrides
 
 from .._isolation import patches
-from . import device_api, streams
+from . import device_api, generators, streams
 from .device_api import _TORCH, emulation
 
 
@@ -81,6 +81,7 @@ REPLACED: dict[str, Any] = {
     "default_stream": _deferring("default_stream", streams.default_stream),
     "set_stream": _deferring("set_stream", streams.set_stream),
     "stream": _deferring("stream", _stream_context),
+    **{name: _deferring(name, fn) for name, fn in generators.REPLACEMENTS.items()},
 }
 
 

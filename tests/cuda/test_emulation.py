@@ -311,7 +311,8 @@ def test_the_marker_takes_the_option(ctx) -> None:
 
 def test_autograd_sees_the_cpus_graph_leaves_and_all() -> None:
     def body(ctx):
-        w = torch.randn(3, device="cuda", requires_grad=True)
+        # Drawn on the CPU (a CUDA draw comes from the device's own generator).
+        w = torch.randn(3).cuda().requires_grad_()
         y = (w * 2).exp().sum()
         y.backward()
         return w.is_leaf, y.grad_fn.name(), (w * 2).grad_fn.name(), str(w.grad.device), w.grad.cpu()
@@ -417,7 +418,8 @@ def test_a_cuda_first_ddp_client_runs_unmodified_and_matches_the_cpu() -> None:
         ddp = DDP(model, device_ids=ids)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step in range(2):
-            x = torch.randn(3, 4, device=device) * (ctx.rank + 1 + step)
+            # Drawn on the CPU, then moved: the same data in both programs.
+            x = torch.randn(3, 4).to(device) * (ctx.rank + 1 + step)
             opt.zero_grad()
             ddp(x).pow(2).sum().backward()
             opt.step()
@@ -442,7 +444,7 @@ def test_a_cuda_first_fsdp2_client_runs_unmodified_and_matches_the_cpu() -> None
         for layer in model:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        x = torch.randn(3, 4, device=device) * (ctx.rank + 1)
+        x = torch.randn(3, 4).to(device) * (ctx.rank + 1)  # drawn on the CPU in both programs
         model(x).sum().backward()
         local = {str(p.to_local().device) for p in model.parameters()}
         return local, [p.grad.full_tensor().cpu() for p in model.parameters()]
@@ -544,3 +546,37 @@ def test_autocast_cuda_casts_as_on_a_gpu() -> None:
         assert torch.equal(product, want)
         assert torch.equal(probs, torch.softmax(want.float(), -1))
     assert out["off"] == out["after"] == torch.float32
+
+
+# --------------------------------------------------------------- generators
+
+
+def test_cuda_draws_come_from_the_devices_own_generator() -> None:
+    def body(ctx):
+        torch.manual_seed(1)
+        cpu_alone = torch.rand(4)
+        torch.manual_seed(1)
+        torch.randn(8, device="cuda")  # CUDA draws do not move the CPU generator
+        torch.nn.functional.dropout(torch.ones(8, device="cuda"), 0.5)
+        cpu_after_cuda = torch.rand(4)
+        torch.cuda.manual_seed(5 + ctx.rank)
+        first = torch.randn(3, device="cuda")
+        torch.cuda.manual_seed(5 + ctx.rank)
+        again = torch.empty(3, device="cuda").normal_()  # an in-place draw, the same stream
+        state = torch.cuda.get_rng_state()
+        drawn = torch.rand(2, device="cuda")
+        torch.cuda.set_rng_state(state)
+        redrawn = torch.rand(2, device="cuda")
+        return (
+            torch.equal(cpu_alone, cpu_after_cuda),
+            torch.equal(first, again),
+            torch.equal(drawn, redrawn),
+            torch.cuda.initial_seed(),
+            first.cpu(),
+        )
+
+    ranks = _run(body)
+    for rank, (cpu_kept, reseeded, restored, seed, _) in enumerate(ranks):
+        assert cpu_kept and reseeded and restored and seed == 5 + rank
+    # Each rank seeded its own device generator: different seeds, different draws.
+    assert not torch.equal(ranks[0][4], ranks[1][4])
