@@ -23,6 +23,7 @@ import torch.distributed.distributed_c10d
 import torch.overrides
 
 from .._isolation import patches
+from ..errors import UnsupportedOperationError
 from . import device_api, generators, streams
 from .device_api import _TORCH, emulation
 
@@ -62,6 +63,51 @@ def _stream_context(stream: Any) -> Any:
     return stream
 
 
+# What an emulated device cannot do, refused with the reason instead of
+# torch's "Torch not compiled with CUDA enabled" from deep inside.
+_REFUSED = {
+    "graph": "CUDA graphs capture GPU kernels",
+    "CUDAGraph": "CUDA graphs capture GPU kernels",
+    "make_graphed_callables": "CUDA graphs capture GPU kernels",
+    "graph_pool_handle": "CUDA graphs capture GPU kernels",
+    "utilization": "NVML reports a real GPU's state",
+    "memory_usage": "NVML reports a real GPU's state",
+    "temperature": "NVML reports a real GPU's state",
+    "power_draw": "NVML reports a real GPU's state",
+    "clock_rate": "NVML reports a real GPU's state",
+    "memory_allocated": "memory statistics are not emulated",
+    "max_memory_allocated": "memory statistics are not emulated",
+    "memory_reserved": "memory statistics are not emulated",
+    "max_memory_reserved": "memory statistics are not emulated",
+    "memory_stats": "memory statistics are not emulated",
+    "reset_peak_memory_stats": "memory statistics are not emulated",
+    "mem_get_info": "memory statistics are not emulated",
+}
+
+
+def _refusing(name: str, why: str) -> Callable[..., Any]:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        if emulation() is None:
+            return _TORCH[name](*args, **kwargs)
+        raise UnsupportedOperationError(
+            f"torch.cuda.{name}: not available on simdist's emulated CUDA devices ({why}); "
+            "run this test on a GPU (mark it gpu), see docs/cuda.md"
+        )
+
+    refused.__name__ = refused.__qualname__ = name
+    if isinstance(_TORCH_CUDA_OWN.get(name), type):
+        # A class (CUDAGraph): still one for isinstance, refused when made.
+        class Meta(type):
+            def __instancecheck__(cls, obj: object) -> bool:
+                return isinstance(obj, _TORCH[name])
+
+        return Meta(name, (), {"__new__": lambda cls, *a, **k: refused(*a, **k), "__doc__": why})
+    return refused
+
+
+_TORCH_CUDA_OWN = {name: getattr(torch.cuda, name, None) for name in _REFUSED}
+
+
 REPLACED: dict[str, Any] = {
     "is_available": device_api.is_available,
     "device_count": device_api.device_count,
@@ -82,6 +128,7 @@ REPLACED: dict[str, Any] = {
     "set_stream": _deferring("set_stream", streams.set_stream),
     "stream": _deferring("stream", _stream_context),
     **{name: _deferring(name, fn) for name, fn in generators.REPLACEMENTS.items()},
+    **{name: _refusing(name, why) for name, why in _REFUSED.items() if hasattr(torch.cuda, name)},
 }
 
 

@@ -580,3 +580,26 @@ def test_cuda_draws_come_from_the_devices_own_generator() -> None:
         assert cpu_kept and reseeded and restored and seed == 5 + rank
     # Each rank seeded its own device generator: different seeds, different draws.
     assert not torch.equal(ranks[0][4], ranks[1][4])
+
+
+def test_what_cannot_be_emulated_is_refused_naming_the_call() -> None:
+    from simdist.errors import UnsupportedOperationError
+
+    calls = {
+        "CUDAGraph": lambda: torch.cuda.CUDAGraph(),
+        "graph": lambda: torch.cuda.graph(None),
+        "memory_allocated": lambda: torch.cuda.memory_allocated(),
+        "utilization": lambda: torch.cuda.utilization(),
+    }
+
+    def body(ctx):
+        seen = {}
+        for name, call in calls.items():
+            with pytest.raises(
+                UnsupportedOperationError, match=f"torch.cuda.{name}: not available"
+            ) as caught:
+                call()
+            seen[name] = "mark it gpu" in str(caught.value)
+        return seen
+
+    assert _run(body) == [dict.fromkeys(calls, True)] * 2
