@@ -198,10 +198,20 @@ def _autocast_exit(self: Any, *exc: Any) -> Any:
     return _AUTOCAST["__exit__"](self, *exc)
 
 
+def _default_timeout(backend: Any) -> Any:
+    # torch warns "NCCL support is not compiled" and returns the default
+    # timeout; where NCCL is emulated the warning would only mislead.
+    c10d = torch.distributed.distributed_c10d
+    if emulation() is not None and backend == c10d.Backend.NCCL:
+        return c10d.default_pg_timeout
+    return _NCCL["_get_default_timeout"](backend)
+
+
 _NCCL: dict[str, Any] = {}
 _NCCL_PLACES = (
     (torch.distributed, "is_nccl_available", _nccl_available),
     (torch.distributed.distributed_c10d, "is_nccl_available", _nccl_available),
+    (torch.distributed.distributed_c10d, "_get_default_timeout", _default_timeout),
     (torch.cuda.nccl, "version", _nccl_version),
 )
 

@@ -102,6 +102,19 @@ def numerators_in_bf16() -> Undo:
 
 
 @_mutant
+def counts_on_the_host() -> Undo:
+    """Per-bin counts are allocated without a device (on the host), a bug only
+    CUDA shows: on a GPU (or an emulated one) adding the device's mask into
+    them raises; on the CPU nothing changes."""
+
+    def bin_counts(tokens):
+        counts = torch.zeros(tokens.num_bins, dtype=tokens.compute_dtype)
+        return counts.index_add_(0, tokens.bins, tokens.mask)
+
+    return _patch((soft_ce, "bin_counts", bin_counts))
+
+
+@_mutant
 def teacher_not_aligned() -> Undo:
     """The mask is rolled left for the draft but the teacher logits are not:
     draft position t learns the policy's distribution at t instead of t+1."""

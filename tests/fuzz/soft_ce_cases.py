@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from hypothesis import assume
 from hypothesis import strategies as st
 from soft_ce_reference import reference_stats
@@ -72,6 +73,11 @@ class SoftCECase:
     # soft_ce_module.BLOCK_ELEMENTS while the case runs (None: the real one), so that a
     # token tile spans several row blocks (as only vocabularies of 10**5 do).
     block_elements: int | None = None
+    # The ranks on emulated CUDA devices (simdist.run(cuda="emulate")), the TP
+    # group made with backend="nccl": draft_loss's CUDA paths (its payload
+    # device for NCCL groups), judged like any case and bitwise against the
+    # same case on the CPU.
+    cuda: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -153,6 +159,7 @@ class SoftCECase:
             if 0.0 in (v for row in self.mask for v in row)
             else "none",
             "long": tokens > 256,
+            "emulated_cuda": self.cuda,
             **self.corners(),
         }
 
@@ -250,7 +257,13 @@ def soft_ce_cases(draw: st.DrawFn, *, min_tp: int = 1) -> SoftCECase:
         overwrite=draw(st.booleans()),
         masked_nonfinite=draw(st.sampled_from(MASKED_NONFINITE)),
         block_elements=block_elements,
+        cuda=draw(st.sampled_from(_ON_CUDA)),
     )
+
+
+# About one case in six on emulated CUDA devices (each runs twice: it is
+# compared bitwise with its CPU twin). Shrinks towards the CPU.
+_ON_CUDA = (False, False, False, False, False, True)
 
 
 # float32 maths from the same (rounded) inputs as the float64 reference. A
@@ -288,16 +301,28 @@ def counts_rtol(case: SoftCECase) -> float:
     return 2.0**-23 * sum(len(row) for row in case.mask)
 
 
-def _body(ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None):
+def _body(
+    ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None, on_cuda: bool = False
+):
     start = sum(case.shards[: ctx.rank])
     columns = slice(start, start + case.shards[ctx.rank])
+    group = ctx.groups.tp if case.tp > 1 else None
+    if case.cuda and group is not None:
+        # The TP group made by the program, NCCL on the device and gloo in
+        # the CPU twin: the same calls in both, so even the shuffled
+        # reduction order (seeded by a call's place) is the same.
+        group = dist.new_group(ranks=list(range(case.tp)), backend="nccl" if on_cuda else "gloo")
+    if on_cuda:
+        # As a GPU job: the rank's device and its tensors there.
+        torch.cuda.set_device(ctx.rank % torch.cuda.device_count())
+        tensors = {name: t.cuda() for name, t in tensors.items()}
     leaf = tensors["student"][..., columns].clone().requires_grad_(True)
     student = leaf * 1 if case.overwrite else leaf  # overwriting needs a non-leaf
     arguments = dict(
         student_logits=student,
         teacher_logits=tensors["teacher"][..., columns].clone(),
         mask=tensors["mask"],
-        tp_group=ctx.groups.tp if case.tp > 1 else None,
+        tp_group=group,
         token_chunk_size=case.token_chunk_size,
         bin_ids=tensors["bins"],
         weights=tensors["weights"],
@@ -313,19 +338,28 @@ def _body(ctx, case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: i
         return None
     stats = soft_cross_entropy(**arguments)
     (stats.numerators * tensors["upstream"]).sum().backward()
-    return stats.numerators.detach(), stats.counts, leaf.grad
+    out = stats.numerators.detach(), stats.counts, leaf.grad
+    if on_cuda:
+        where = {str(t.device) for t in out}
+        assert where == {f"cuda:{torch.cuda.current_device()}"}, f"results on {where}, not the rank's device"
+        out = tuple(t.cpu() for t in out)
+    return out
 
 
-def _run(case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None) -> list[Any]:
+def _run(
+    case: SoftCECase, tensors: dict[str, torch.Tensor], spoil_rank: int | None, on_cuda: bool = False
+) -> list[Any]:
     choice = ReductionChoice(case.reduction, case.reduction_seed)
+    emulate = {"cuda": "emulate"} if on_cuda else {}
     try:
         with case.blocks():
             return simdist.run(
                 _body,
                 layout=Layout(tp=case.tp),
-                args=(case, tensors, spoil_rank),
+                args=(case, tensors, spoil_rank, on_cuda),
                 timeout=120.0,
                 **choice.run_kwargs(),
+                **emulate,
             )
     except simdist.SimulationError as error:
         raise AssertionError(
@@ -350,7 +384,12 @@ def _ratio(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: floa
 def check_soft_ce(case: SoftCECase) -> float:
     """Runs the case and compares with the reference; returns the worst error / tolerance."""
     tensors = case.tensors()
-    per_rank = _run(case, tensors, None)
+    per_rank = _run(case, tensors, None, on_cuda=case.cuda)
+    if case.cuda:
+        # The emulated device computes what the CPU computes, bit for bit.
+        for rank, (on_device, on_cpu) in enumerate(zip(per_rank, _run(case, tensors, None))):
+            for name, a, b in zip(("numerators", "counts", "gradient"), on_device, on_cpu):
+                assert torch.equal(a, b), f"TP rank {rank} {name}: emulated CUDA differs from the CPU"
     student64 = tensors["clean_student"].to(torch.float64).requires_grad_(True)
     ref = reference_stats(
         student64,
@@ -485,7 +524,7 @@ def _spoil(arguments: dict[str, Any], kind: str) -> None:
 
 def run_soft_ce_bad_input(case: SoftCECase) -> None:
     """Every TP rank raises one identical ValueError/TypeError naming the problem."""
-    outcomes = _run(case, case.tensors(), case.bad_input["rank"])
+    outcomes = _run(case, case.tensors(), case.bad_input["rank"], on_cuda=case.cuda)
     kind = case.bad_input["kind"]
     for rank, outcome in enumerate(outcomes):
         assert outcome is not None, (
