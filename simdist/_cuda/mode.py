@@ -168,6 +168,8 @@ class EmulatedDeviceDispatch(TorchDispatchMode):
     still on the stack, so the ops on the tensors holding its values come
     back here."""
 
+    simdist_own_mode = True  # not shown simdist's collectives (_sanitizer.other_modes_active)
+
     def __torch_dispatch__(
         self,
         func: Any,
@@ -188,13 +190,12 @@ class EmulatedDeviceDispatch(TorchDispatchMode):
             cpu = {**kwargs, "device": torch.device("cpu")}
             result = _wrap_outputs(_run(func, args, cpu, index), index, (args, kwargs))
         else:
-            emulated = next(
-                (leaf for leaf in leaves((args, kwargs)) if isinstance(leaf, EmulatedCudaTensor)), None
-            )
+            given = leaves((args, kwargs))
+            emulated = next((leaf for leaf in given if isinstance(leaf, EmulatedCudaTensor)), None)
             if emulated is None:
                 return _below_python(func, args, kwargs)
             result = _run(func, args, kwargs, emulated._cuda_index)
-            result = _wrap_outputs(result, emulated._cuda_index, (args, kwargs))
+            result = _wrap_outputs(result, emulated._cuda_index, given_leaves=given)
         if not here.quiet and not func.namespace.startswith(_COLLECTIVES):
             _ordered(func, args, kwargs, result)
         return result

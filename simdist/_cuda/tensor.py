@@ -204,10 +204,16 @@ def _check_devices(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     return index
 
 
-def _wrap_outputs(result: Any, index: int, inputs: tuple[Any, ...] = ()) -> Any:
+def _wrap_outputs(result: Any, index: int, inputs: Any = (), given_leaves: list[Any] | None = None) -> Any:
     """Tensors the op made, reported on ``cuda:index``; a CPU tensor it was
-    given and returns (an in-place op's own argument) stays the caller's."""
-    given = {id(leaf) for leaf in leaves(inputs) if isinstance(leaf, torch.Tensor)}
+    given and returns (an in-place op's own argument) stays the caller's.
+    ``given_leaves``: the inputs' leaves, when the caller has them already."""
+    if isinstance(result, torch.Tensor) and type(result) is not torch.Tensor:
+        return result  # already emulated (the dispatch mode made it so), or another kind
+    if result is None:
+        return result
+    found = leaves(inputs) if given_leaves is None else given_leaves
+    given = {id(leaf) for leaf in found if isinstance(leaf, torch.Tensor)}
 
     def wrap(value: Any) -> Any:
         if type(value) is torch.Tensor and id(value) not in given:

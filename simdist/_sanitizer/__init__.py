@@ -24,7 +24,7 @@ from .._core.records import P2POp, PendingCollective
 from .backward import register as register_backward_patch
 from .book import RankBook
 from .group_order import GroupOrder
-from .mode import SanitizerMode, here
+from .mode import here
 from .synchronous import collective as synchronous_collective
 from .synchronous import p2p as synchronous_p2p
 
@@ -109,12 +109,13 @@ def quietly(fn: Callable[..., _R], *args: Any) -> _R:
 
 
 def other_modes_active() -> bool:
-    """Whether a dispatch mode other than the sanitizer's is on this thread's
-    stack (the modes simdist shows its collectives to, as gloo's path would)."""
+    """Whether a dispatch mode other than simdist's own (the sanitizer's, CUDA
+    emulation's) is on this thread's stack (the modes simdist shows its
+    collectives to, as gloo's path would)."""
     n = _len_torch_dispatch_stack()
     if not n:
         return False
-    return any(not isinstance(_get_dispatch_stack_at(i), SanitizerMode) for i in range(n))
+    return any(not getattr(_get_dispatch_stack_at(i), "simdist_own_mode", False) for i in range(n))
 
 
 def resync() -> None:

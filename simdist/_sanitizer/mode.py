@@ -46,6 +46,8 @@ checked_ops = [0]
 class SanitizerMode(TorchDispatchMode):
     """One rank's mode (see the module's docstring)."""
 
+    simdist_own_mode = True  # not shown simdist's collectives (other_modes_active)
+
     def __init__(self, book: Any) -> None:
         super().__init__()
         self.book = book
