@@ -10,10 +10,11 @@ thread, and every thread when no such run is in progress, gets torch's own
 functions: the replacements look the caller up and defer.
 
 ``synchronize`` and ``empty_cache`` do nothing on the emulated device (there
-is no queue to drain and no cache to empty); streams and events are in
-``streams``; memory statistics and CUDA generators are not emulated yet, and
-reach torch's own functions, which on a CPU build raise "Torch not compiled
-with CUDA enabled". ``patch`` installs these functions in ``torch.cuda``.
+is no queue to drain and no cache to empty; ``synchronize`` orders the host
+after every stream in the stream rules). Streams and events are in
+``streams``, generators in ``generators``; ``patch`` installs these
+functions in ``torch.cuda`` and refuses, naming the call, what an emulated
+device cannot do (CUDA graphs, NVML, memory statistics).
 """
 
 from __future__ import annotations
