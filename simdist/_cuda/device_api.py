@@ -56,7 +56,7 @@ class EmulatedCuda:
         self._orders = [RankOrder(rank) for rank in range(world_size)] if check_streams else None
         self._current = [rank % device_count for rank in range(world_size)]
         self._streams: dict[int, dict[int, Any]] = {}
-        self._generators: dict[int, Any] = {}
+        self.generators: dict[int, Any] = {}  # rank -> its generators (generators.py makes them)
         self._defaults: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
 
@@ -66,15 +66,6 @@ class EmulatedCuda:
     def set_current(self, rank: int, index: int) -> None:
         with self._lock:
             self._current[rank] = index
-
-    def generators(self, rank: int) -> Any:
-        """The rank's emulated CUDA generators (``generators.RankGenerators``)."""
-        made = self._generators.get(rank)
-        if made is None:
-            from .generators import RankGenerators
-
-            made = self._generators[rank] = RankGenerators(self.device_count)
-        return made
 
     def order(self, rank: int) -> RankOrder | None:
         return None if self._orders is None else self._orders[rank]

@@ -39,12 +39,19 @@ class RankGenerators:
         return [self.get(index) for index in range(len(self._generators))]
 
 
+def _of(emulated: Any, rank: int) -> RankGenerators:
+    made = emulated.generators.get(rank)
+    if made is None:
+        made = emulated.generators[rank] = RankGenerators(emulated.device_count)
+    return made
+
+
 def _mine() -> tuple[RankGenerators, int] | None:
     found = device_api.emulation()
     if found is None:
         return None
     emulated, rank = found
-    return emulated.generators(rank), emulated.current(rank)
+    return _of(emulated, rank), emulated.current(rank)
 
 
 def drawing_on(index: int, op: Callable[[], Any]) -> Any:
@@ -52,7 +59,7 @@ def drawing_on(index: int, op: Callable[[], Any]) -> Any:
     found = device_api.emulation()
     if found is None:
         return op()
-    generator = found[0].generators(found[1]).get(index)
+    generator = _of(*found).get(index)
     cpu = torch.default_generator
     saved = cpu.get_state()
     cpu.set_state(generator.get_state())

@@ -95,6 +95,12 @@ class RankOrder:
             else:
                 self.reads.setdefault(key, {})[clock.id] = (clock.seq, what)
 
+    def forget(self, key: int) -> None:
+        """The memory at ``key`` was freed or given anew (a storage resized):
+        what was done to it before says nothing of what lives there next."""
+        self.writes.pop(key, None)
+        self.reads.pop(key, None)
+
     def synchronize_host(self, clocks: list[Clock] | None = None) -> None:
         """The host waited for these streams' work (all the rank's: ``None``)."""
         for clock in self.streams.values() if clocks is None else clocks:

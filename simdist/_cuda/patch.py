@@ -207,6 +207,25 @@ def _default_timeout(backend: Any) -> Any:
     return _NCCL["_get_default_timeout"](backend)
 
 
+# A storage resized in place (FSDP2 frees and re-allocates its unsharded
+# parameters with ``untyped_storage().resize_``) gets new memory without an
+# op the dispatch mode sees: the stream rules forget both addresses, as CSAN
+# hears of the free and the allocation from the caching allocator.
+_STORAGE: dict[str, Any] = {}
+
+
+def _resize_storage(self: Any, size: int) -> Any:
+    from .streams import rank_order
+
+    order = rank_order() if emulation() is not None else None
+    before = self.data_ptr() if order is not None else 0
+    result = _STORAGE["resize_"](self, size)
+    if order is not None:
+        order.forget(before)
+        order.forget(self.data_ptr())
+    return result
+
+
 _NCCL: dict[str, Any] = {}
 _NCCL_PLACES = (
     (torch.distributed, "is_nccl_available", _nccl_available),
@@ -226,6 +245,8 @@ def _install() -> None:
     for name, replacement in (("__enter__", _autocast_enter), ("__exit__", _autocast_exit)):
         _AUTOCAST[name] = _Autocast.__dict__[name]
         setattr(_Autocast, name, replacement)
+    _STORAGE["resize_"] = torch.UntypedStorage.resize_
+    torch.UntypedStorage.resize_ = _resize_storage  # type: ignore[method-assign]  # an emulating rank's storages
     _ENGINE.append(torch.autograd.graph._engine_run_backward)
     torch.autograd.graph._engine_run_backward = _run_backward
     torch.autograd._engine_run_backward = _run_backward  # its own import of it
@@ -242,6 +263,9 @@ def _uninstall() -> None:
     for name in ("__enter__", "__exit__"):
         if name in _AUTOCAST:
             setattr(_Autocast, name, _AUTOCAST.pop(name))
+    if "resize_" in _STORAGE:
+        del torch.UntypedStorage.resize_  # the class's own (StorageBase's) again
+        _STORAGE.clear()
     if _ENGINE:
         engine = _ENGINE.pop()
         torch.autograd.graph._engine_run_backward = engine
@@ -257,6 +281,7 @@ patches.register(
         *((owner, name) for owner, name, _ in _NCCL_PLACES),
         (_Autocast, "__enter__"),
         (_Autocast, "__exit__"),
+        (torch.UntypedStorage, "resize_"),
         (torch.autograd.graph, "_engine_run_backward"),
         (torch.autograd, "_engine_run_backward"),
     ],
