@@ -161,6 +161,7 @@ def test_cuda_needs_one_gpu_per_rank() -> None:
 
 
 TORCHRUN_SCRIPT = """
+import sys
 import torch, torch.distributed as dist
 from simdist import Layout
 from simdist.launch import run_torchrun_rank, under_torchrun
@@ -172,7 +173,11 @@ def body(ctx, k):
 
 if __name__ == "__main__":
     assert under_torchrun()
-    print("RESULT", run_torchrun_rank(body, layout=Layout(tp=2, dp=2), args=(10,)), flush=True)
+    result = run_torchrun_rank(body, layout=Layout(tp=2, dp=2), args=(10,))
+    # One write of the whole line: the four processes share torchrun's stdout,
+    # and print's pieces ("RESULT", then the value) can interleave with theirs.
+    sys.stdout.write(f"RESULT {result!r}\\n")
+    sys.stdout.flush()
 """
 
 
