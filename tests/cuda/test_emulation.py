@@ -603,3 +603,16 @@ def test_what_cannot_be_emulated_is_refused_naming_the_call() -> None:
         return seen
 
     assert _run(body) == [dict.fromkeys(calls, True)] * 2
+
+
+def test_the_docs_page_example_runs_as_written() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cuda.md").read_text()
+    start = page.index("```python\n") + len("```python\n")
+    example = page[start : page.index("```", start)]
+    namespace: dict = {}
+    exec(compile(example, "docs/cuda.md", "exec"), namespace)
+    grads = namespace["grads"]
+    assert len(grads) == 4 and all(g.device.type == "cpu" and g.shape == (2, 4) for g in grads)
+    assert all(torch.equal(g, grads[0]) for g in grads)  # all-reduced: every rank holds the sum
