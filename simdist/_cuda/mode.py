@@ -105,7 +105,12 @@ class EmulatedCudaMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func in _AUTOCAST_FP32 and torch.is_autocast_enabled("cuda"):
+        if (
+            func in _AUTOCAST_FP32
+            and torch.is_autocast_enabled("cuda")
+            and any(isinstance(leaf, EmulatedCudaTensor) for leaf in leaves((args, kwargs)))
+        ):
+            # CUDA's autocast casts CUDA tensors only: a CPU op is left as it is.
             return _in_float32(func, args, kwargs)
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and not isinstance(first, EmulatedCudaTensor):

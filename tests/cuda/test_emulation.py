@@ -536,6 +536,8 @@ def test_autocast_cuda_casts_as_on_a_gpu() -> None:
         with torch.autocast("cuda", enabled=False):
             out["off"] = (x @ x).dtype
         out["after"] = (x @ x).dtype
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out["host softmax"] = torch.softmax(a.bfloat16(), -1).dtype  # a CPU op: not CUDA's to cast
         return out
 
     (out,) = _run(body, world_size=1, args=(a,))
@@ -546,6 +548,7 @@ def test_autocast_cuda_casts_as_on_a_gpu() -> None:
         assert torch.equal(product, want)
         assert torch.equal(probs, torch.softmax(want.float(), -1))
     assert out["off"] == out["after"] == torch.float32
+    assert out["host softmax"] == torch.bfloat16
 
 
 # --------------------------------------------------------------- generators
