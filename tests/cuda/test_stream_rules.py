@@ -94,40 +94,31 @@ def test_a_side_stream_collective_on_a_buffer_the_compute_stream_just_wrote() ->
     )
 
 
-def test_a_device_synchronize_orders_every_stream_and_the_rules_follow_check_async() -> None:
-    def body(ctx, sync):
-        side = torch.cuda.Stream()
-        x = torch.ones(4, device="cuda")
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            y = x * 2
-        if sync:
-            torch.cuda.synchronize()
-        return float(y.sum())
+def _side_then_host(ctx, how: str):
+    side = torch.cuda.Stream()
+    x = torch.ones(4, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2  # written on the side stream
+        done = side.record_event()
+    if how == "device":
+        torch.cuda.synchronize()
+    elif how == "stream":
+        side.synchronize()
+    elif how == "event":
+        done.synchronize()
+    return float(y.sum())  # read on the default stream
 
-    assert _outcome(body, args=(True,)) == "ok [8.0, 8.0]"
-    assert _outcome(body, args=(False,)).startswith("AsyncRaceError")
+
+@pytest.mark.parametrize("how", ["device", "stream", "event"])
+def test_a_host_synchronize_orders_the_streams_after_it(how: str) -> None:
+    assert _outcome(_side_then_host, args=(how,)) == "ok [8.0, 8.0]"
+
+
+def test_without_one_the_read_races_and_the_rules_follow_check_async() -> None:
+    assert _outcome(_side_then_host, args=("nothing",)).startswith("AsyncRaceError")
     # The rules are part of the collective sanitizer: off with it.
-    assert _outcome(body, args=(False,), check_async=False) == "ok [8.0, 8.0]"
-
-
-def test_stream_synchronize_and_event_synchronize_order_the_host_with_that_stream() -> None:
-    def body(ctx, how):
-        side = torch.cuda.Stream()
-        x = torch.ones(4, device="cuda")
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            y = x * 2
-            done = side.record_event()
-        if how == "stream":
-            side.synchronize()
-        elif how == "event":
-            done.synchronize()
-        return float(y.sum())
-
-    assert _outcome(body, args=("stream",)) == "ok [8.0, 8.0]"
-    assert _outcome(body, args=("event",)) == "ok [8.0, 8.0]"
-    assert _outcome(body, args=("nothing",)).startswith("AsyncRaceError")
+    assert _outcome(_side_then_host, args=("nothing",), check_async=False) == "ok [8.0, 8.0]"
 
 
 @pytest.mark.parametrize("steps", [1, 3])
