@@ -30,9 +30,9 @@ that step differ from it, where a clean rerun of the same code would agree
 with itself.
 
 Why not one float64 model chained over the whole run: training is not
-well conditioned. A clean campaign found a float32 program (dp=4, 3 steps,
-3 tokens, a policy loss of 16) whose step-2 gradients moved 1,000 times as
-far as its parameters: the workers' parameters, a few float32 roundings
+well conditioned. A correct float32 program (dp=4, 3 steps, 3 tokens, a
+policy loss of 16; in fixtures/regressions) has step-2 gradients that move
+1,000 times as far as its parameters: the workers' parameters, a few float32 roundings
 from the chained model's after two steps (4e-6), gave gradients 4.6e-3
 away from it, while their step from their own parameters was 2.6e-6 off
 float64 maths. A float32 replay of the program (the shadow) is one draw of
