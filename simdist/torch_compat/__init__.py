@@ -44,11 +44,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._backend import timeouts
-from ._core import identity
-from ._core.records import Waitable
-from ._run import run as simdist_run
-from .errors import RankError, SimulationError
+from .._backend import timeouts
+from .._core import identity
+from .._core.records import Waitable
+from .._run import run as simdist_run
+from ..errors import RankError, SimulationError
+from . import gloo
 
 __all__ = [
     "KNOWN_TORCH",
@@ -229,6 +230,8 @@ def install() -> None:
         _replace(state, mt, "_spawn_threads", _spawn_threads)
         _replace(state, mt, "_join_threads", classmethod(_join_threads))
         _replace(state, common, "spawn_threads_and_init_comms", spawn_threads_and_init_comms)
+        # Tests build gloo groups by hand: inside a rank, a simdist group with gloo's API.
+        _replace(state, dist, "ProcessGroupGloo", gloo.ProcessGroupGloo)
         # PyTorch's tests assert that a short timeout took its time (gloo's clock).
         _replace(state, timeouts, "waited_out_up_to_s", timeouts.REAL_TIME_UP_TO_S)
         for device in _LAZILY_SEEDED:
