@@ -109,12 +109,21 @@ def _all_reduce_sparse(calls: list[Call], a: OpArgs) -> None:
 
 
 def _all_reduce_coalesced(calls: list[Call], a: OpArgs) -> None:
+    # gloo packs every tensor into one buffer before it reduces and unpacks
+    # after: a rank passing one tensor twice gets the sum once (PyTorch's
+    # test_allreduce_coalesced_stress, on a real gloo world too), so every
+    # input is read before any output is written.
     key = a.key
-    for i in range(len(calls[0].payload[TS])):
-        ts = [c.payload[TS][i] for c in calls]
-        K.reduce_into(a.model, ts[0], ts, a.red, f"{key}/{i}")
-        for x in ts[1:]:
-            x.copy_(ts[0])
+    n = len(calls[0].payload[TS])
+    columns = [[c.payload[TS][i] for c in calls] for i in range(n)]
+    results = []
+    for i, ts in enumerate(columns):
+        out = ts[0].clone()
+        K.reduce_into(a.model, out, [out, *ts[1:]], a.red, f"{key}/{i}")
+        results.append(out)
+    for ts, out in zip(columns, results, strict=True):
+        for x in ts:
+            x.copy_(out)
 
 
 def _broadcast(calls: list[Call], a: OpArgs) -> None:

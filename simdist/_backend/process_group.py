@@ -9,7 +9,9 @@ its rank, even when a collective is issued from an autograd thread.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
+from datetime import timedelta
 from time import perf_counter_ns
 from typing import Any
 
@@ -49,6 +51,21 @@ Fingerprint = tuple[tuple[str, Any], ...]
 
 
 _BITWISE = ("BAND", "BOR", "BXOR")
+_REDUCE_OPS = (dist.ReduceOp, dist.ReduceOp.RedOpType)
+
+
+def _one_list(tensors: Any) -> list[torch.Tensor]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _reduce_options(kind: Any, op: Any) -> Any:
+    opts = kind()
+    opts.reduceOp = op if op is not None else dist.ReduceOp.SUM
+    return opts
+
+
+def c10d_default_timeout() -> timedelta:
+    return dist.distributed_c10d.default_pg_timeout
 
 
 class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
@@ -100,10 +117,55 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def _get_backend_name(self) -> str:
         return self._backend_name
 
+    def name(self) -> str:
+        """``pg.name()`` as c10d answers it: the backend asked for ("gloo"),
+        or "custom" for a group asked for as simdist (a registered backend)."""
+        return "custom" if self._backend_name == BACKEND_NAME else self._backend_name
+
+    def _get_backend(self, device: Any) -> SimProcessGroup:  # type: ignore[override]  # c10d's stub returns its Backend type
+        """c10d's backend for a device: a simdist group serves every device itself."""
+        return self
+
+    @staticmethod
+    def create_device(hostname: str = "", interface: str = "", lazy_init: bool | None = None) -> Any:
+        """gloo's ``create_device``, which code calls on the backend of a
+        gloo group: torch's own (simdist's transport needs no device)."""
+        kwargs: dict[str, Any] = {"hostname": hostname, "interface": interface}
+        if lazy_init is not None:
+            kwargs["lazy_init"] = lazy_init
+        return dist.ProcessGroupGloo.create_device(**kwargs)
+
     def model_timeout(self, seconds: float) -> None:
         """The group was made with an explicit ``timeout=``: its waits time out as
         gloo's do, the moment they can never complete (see ``timeouts``)."""
         self.timeout = seconds
+        self._options()._timeout = timedelta(seconds=seconds)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """c10d's ``pg.set_timeout``: the group's later waits time out after it."""
+        self.model_timeout(timeout.total_seconds())
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self.model_timeout(timeout.total_seconds())
+
+    def _options(self) -> Any:
+        opts = self.__dict__.get("options")
+        if opts is None:
+            # gloo's options object, as a gloo backend's ``options`` holds it
+            # (its ``_timeout`` is the group's); a plain namespace without gloo.
+            kind = getattr(dist, "ProcessGroupGloo", None)
+            opts = kind._Options() if kind is not None else types.SimpleNamespace()
+            opts._timeout = c10d_default_timeout()
+            self.__dict__["options"] = opts
+        return opts
+
+    @property
+    def options(self) -> Any:
+        return self._options()
+
+    @options.setter
+    def options(self, value: Any) -> None:
+        self.__dict__["options"] = value
 
     def report_backend_as(self, name: str) -> None:
         """The backend name the program asked for ("gloo"), reported instead of "simdist"."""
@@ -169,13 +231,18 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         )
         if self.timeout is not None:
             work.timeout = self.timeout
+        if opts is not None:
+            # an op's own timeout (AllreduceOptions.timeout) outranks the group's
+            seconds = seconds_of(getattr(opts, "timeout", None))
+            if seconds is not None:
+                work.timeout = seconds
         if started:
             record_profiled(self, op, payload, started)
         return work
 
     def _reduce_op(self, opts: Any, dtype: torch.dtype, op: str) -> str:
         try:
-            red = check_reduce_op(opts.reduceOp, dtype, op)
+            red = check_reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, dtype, op)
             if red in _BITWISE and self._info.nccl:
                 # NCCL has no bitwise reductions (ProcessGroupNCCL's own words).
                 raise UnsupportedOperationError(f"{op}: Cannot use ReduceOp.{red} with NCCL")
@@ -185,7 +252,13 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
 
     # -- collectives ----------------------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None, op: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
+        if isinstance(tensors, torch.Tensor) or op is not None or isinstance(opts, _REDUCE_OPS):
+            # the binding's convenience forms: allreduce(tensor, op=SUM), allreduce(tensors, op)
+            tensors, opts = (
+                _one_list(tensors),
+                _reduce_options(dist.AllreduceOptions, op if op is not None else opts),
+            )
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "allreduce", tensors, opts)
         t = one(tensors, "all_reduce")
@@ -223,7 +296,14 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             bump(list(tensors), 1)
         return work
 
-    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
+    def broadcast(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
+        self, tensors: Sequence[torch.Tensor], opts: Any = None, root: int | None = None
+    ) -> SimWork:
+        if isinstance(tensors, torch.Tensor) or root is not None or isinstance(opts, int):
+            # the binding's convenience form: broadcast(tensor, root)
+            bopts = dist.BroadcastOptions()
+            bopts.rootRank = root if root is not None else (opts or 0)
+            tensors, opts = _one_list(tensors), bopts
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "broadcast", tensors, opts)
         t = one(tensors, "broadcast")
@@ -437,7 +517,9 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "barrier", opts)
+        earlier = _sanitizer.in_flight_on(self._global_rank, self._info.name)
         work = self._collective(OPS["barrier"], (), {}, [], opts=opts)
+        work.completes = earlier
         seconds = seconds_of(getattr(opts, "timeout", None))
         if seconds is not None:
             work.timeout = seconds

@@ -49,6 +49,16 @@ class SimWork(dist.Work):
 
     # The group's (or barrier's) explicit timeout in seconds, if any (see timeouts).
     timeout: float | None = None
+    # A barrier's: the Works its rank had in flight on the group when it was
+    # issued; the barrier's completion is theirs (gloo's barrier waits for them).
+    completes: tuple[SimWork, ...] = ()
+
+    def _complete_earlier(self) -> None:
+        for work in self.completes:
+            if work._in_flight:
+                work._in_flight = False
+                _sanitizer.waited(work, work._rank)
+        self.completes = ()
 
     def wait(self, timeout: Any = None) -> bool:
         if self._waitable is not None:
@@ -71,6 +81,8 @@ class SimWork(dist.Work):
                 if self._in_flight:
                     self._in_flight = False
                     _sanitizer.waited(self, self._rank)
+                if self.completes:
+                    self._complete_earlier()
                 if self._streams:
                     cuda_collectives.waited(self, self._rank)
         return True
@@ -82,6 +94,8 @@ class SimWork(dist.Work):
             if self._in_flight:  # seeing it done is a wait
                 self._in_flight = False
                 _sanitizer.waited(self, self._rank)
+            if self.completes:
+                self._complete_earlier()
             if self._streams:  # the host has seen it finish
                 cuda_collectives.waited(self, self._rank, by_host=True)
             return True

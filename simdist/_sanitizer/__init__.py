@@ -96,6 +96,16 @@ def waited(work: Any, rank: int) -> None:
         book.waited(work)
 
 
+def in_flight_on(rank: int, group: str) -> tuple[Any, ...]:
+    """The Works ``rank`` has in flight on ``group`` now: a barrier issued
+    next completes them (gloo's barrier waits for the group's earlier work;
+    NCCL's waits for its stream, which they share)."""
+    book = _book(rank)
+    if book is None or not book.entries:
+        return ()
+    return tuple(e.work for e in book.entries.values() if e.group_name == group)
+
+
 def quietly(fn: Callable[..., _R], *args: Any) -> _R:
     """``fn(*args)`` unseen by the sanitizer: simdist's own tensor work (a
     completion writing outputs, a send's snapshot) is the backend, not the rank."""
