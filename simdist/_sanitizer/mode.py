@@ -52,6 +52,13 @@ class SanitizerMode(TorchDispatchMode):
         super().__init__()
         self.book = book
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Off while torch.compile traces (a mode dynamo cannot trace through
+        # makes it skip every frame: fullgraph=True then fails), on again
+        # while the compiled code runs, whose ops it checks as any others.
+        return True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         entries: dict[int, InFlight] = self.book.entries
