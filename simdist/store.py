@@ -47,6 +47,28 @@ class _KeysSet(Waitable):
         return f"a store wait for key(s) {self.keys}"
 
 
+class _StoreChange(Waitable):
+    """A rank polling the store (``add(key, 0)`` or ``check`` in a loop) with
+    nothing changed since its last poll: done at the store's next change. A
+    polling rank would otherwise keep the run token, and the peers whose
+    writes it polls for would never run."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.done = False
+        self.error = None
+
+    def needed_ranks(self) -> Sequence[int]:
+        return ()
+
+    def describe(self) -> str:
+        return f"a store poll ({self.what}, repeated with nothing changed) waiting for a change"
+
+
+# Polls in a row, with nothing changed, after which a rank waits for a change.
+_POLLS_BEFORE_WAITING = 2
+
+
 class RankStore(dist.Store):
     def __init__(self, scheduler: Scheduler) -> None:
         super().__init__()
@@ -58,6 +80,11 @@ class RankStore(dist.Store):
         self._waits: dict[str, list[tuple[int, _KeysSet]]] = {}
         # Threads outside the world's ranks (the caller, helpers) wait on this.
         self._changed = threading.Condition()
+        # Busy polls: the store's change count, each rank's last poll (the
+        # count it saw, how many polls in a row saw it), and the parked pollers.
+        self._version = 0
+        self._polls: dict[int, tuple[int, int]] = {}
+        self._pollers: list[tuple[int, _StoreChange]] = []
         self._timeout_s = 300.0
 
     # -- c10d's Store interface -------------------------------------------
@@ -76,10 +103,13 @@ class RankStore(dist.Store):
             return self._data[key]
 
     def add(self, key: str, amount: int) -> int:
+        if int(amount) == 0:
+            self._polled(f"add({key!r}, 0)")
         with self._changed:
             value = int(self._data.get(key, b"0")) + int(amount)
             self._data[key] = str(value).encode()
-            self._notify_locked(key)
+            if amount:
+                self._notify_locked(key)
             return value
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
@@ -110,11 +140,18 @@ class RankStore(dist.Store):
 
     def check(self, keys: list[str]) -> bool:
         with self._changed:
+            if all(k in self._data for k in keys):
+                return True
+        self._polled(f"check({keys})")
+        with self._changed:
             return all(k in self._data for k in keys)
 
     def delete_key(self, key: str) -> bool:
         with self._changed:
-            return self._data.pop(key, None) is not None
+            deleted = self._data.pop(key, None) is not None
+            if deleted:
+                self._notify_locked(key)
+            return deleted
 
     def num_keys(self) -> int:
         with self._changed:
@@ -166,7 +203,28 @@ class RankStore(dist.Store):
                 return True
         return False
 
+    def _polled(self, what: str) -> None:
+        """A read a loop may repeat: the third in a row that finds the store
+        as the rank's last poll found it waits for the store to change."""
+        with self._changed:
+            rank = self._rank_of_caller()
+            if rank is None:
+                return
+            seen, count = self._polls.get(rank, (-1, 0))
+            count = count + 1 if seen == self._version else 0
+            self._polls[rank] = (self._version, count)
+            if count < _POLLS_BEFORE_WAITING:
+                return
+            pending = _StoreChange(what)
+            self._pollers.append((rank, pending))
+        self._scheduler.wait(rank, pending)
+
     def _notify_locked(self, *keys: str) -> None:
+        self._version += 1
+        if self._pollers:
+            pollers, self._pollers = self._pollers, []
+            for poller, change in pollers:
+                self._scheduler.complete(poller, change)
         self._changed.notify_all()
         for key in keys:
             waits = self._waits.pop(key, None)

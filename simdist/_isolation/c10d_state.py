@@ -216,7 +216,38 @@ def _report_backend_as(pg: Any, asked: Any) -> None:
         report(str(name))
 
 
+# init_method schemes whose rendezvous runs a TCP store: inside a rank, the
+# run's own store instead (a TCPStore's master waits in C++ for its workers
+# while it holds the run token, so the workers never run to connect).
+_TCP_SCHEMES = ("env", "tcp")
+
+
+def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -> Any:
+    world = me.world
+    scheme = str(url).partition("://")[0]
+    store = getattr(world, "store", None)
+    if me.c10d is None or store is None or scheme not in _TCP_SCHEMES:
+        return _patched["rendezvous"](url, rank, world_size, **kwargs)
+    return _run_store_rendezvous(world, store, rank, world_size)
+
+
+def _run_store_rendezvous(world: Any, store: Any, rank: int, world_size: int) -> Any:
+    me_rank = me.rank
+    with _install_lock:
+        counts = world.__dict__.setdefault("_simdist_rendezvous_counts", {})
+        n = counts.get(me_rank, 0)
+        counts[me_rank] = n + 1
+    # The n-th rendezvous of every rank shares one fresh prefix, as each
+    # init would meet at a fresh TCP store.
+    yield (
+        dist.PrefixStore(f"simdist-rendezvous/{n}", store),
+        me_rank if rank < 0 else rank,
+        world.world_size if world_size < 0 else world_size,
+    )
+
+
 _WRAPPERS = {
+    "rendezvous": _rendezvous,
     "_new_process_group_helper": _new_process_group_helper,
     "_register_process_group": _register_process_group,
     "_unregister_process_group": _unregister_process_group,

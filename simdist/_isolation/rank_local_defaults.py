@@ -19,6 +19,16 @@ unmodified code fail or give wrong results when shared is listed here:
 * torch.distributed's caches whose keys are equal across ranks while their
   values are rank-specific (DTensor's redistribute planner, ...): each rank
   starts with empty ones (the audit and its reasons: ``torch_caches``).
+* ``torch.nn``'s global module hooks (``register_module_forward_pre_hook``
+  and family, ``torch.nn.modules.module._global_*``): module-tracking tools
+  (``ModTracker``, which ``CommDebugMode`` uses) register them per process;
+  shared, a rank's hooks see its peers' modules enter and leave between
+  collectives ("The Module hierarchy tracking is wrong"). Each rank starts
+  from the run-start hooks (its own dicts, the same hook functions).
+* c10d's backend registry (``Backend.register_backend`` fills
+  ``Backend.backend_list``, ``_plugins`` and the device and capability
+  maps): a rank that registers a backend registers it in its own process,
+  so a peer asking ``is_backend_available`` before registering it gets False.
 * Megatron-core keeps its process groups, ranks and buffers in the module globals
   of ``megatron.core.parallel_state``: ``initialize_model_parallel`` on a
   second rank fails with "... is already initialized", and every getter would
@@ -260,6 +270,79 @@ def _importable(name: str) -> bool:
     return _installed[top]
 
 
+_NN_MODULE = "torch.nn.modules.module"
+_HOOK_GLOBALS = (
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_buffer_registration_hooks",
+    "_global_forward_hooks",
+    "_global_forward_hooks_always_called",
+    "_global_forward_hooks_with_kwargs",
+    "_global_forward_pre_hooks",
+    "_global_is_full_backward_hook",
+    "_global_module_registration_hooks",
+    "_global_parameter_registration_hooks",
+)
+
+
+def _module_hooks_slot() -> _Slot | None:
+    """torch.nn's global module hooks as one slot (one read a switch, not ten):
+    Module._call_impl looks each dict up by its global name at call time."""
+    module = sys.modules.get(_NN_MODULE)
+    names = tuple(n for n in _HOOK_GLOBALS if module is not None and hasattr(module, n))
+    if module is None or not names:
+        return None
+    space = vars(module)
+
+    def get() -> tuple[Any, ...]:
+        return tuple(space[n] for n in names)
+
+    def set_(value: tuple[Any, ...]) -> None:
+        space.update(zip(names, value, strict=True))
+
+    def copy_(value: tuple[Any, ...]) -> tuple[Any, ...]:
+        # each rank its own dicts; the hooks in them are the same functions
+        return tuple(v.copy() if isinstance(v, dict) else v for v in value)
+
+    lookup = space.__getitem__
+    # Read at every switch: builtins only (a generator costs a call per item).
+    return _Slot(
+        f"module {_NN_MODULE}'s global hooks", get, set_, copy_, lambda: tuple(map(id, map(lookup, names)))
+    )
+
+
+_BACKEND_TABLES = (
+    "backend_list",
+    "_plugins",
+    "default_device_backend_map",
+    "backend_capability",
+    "backend_type_map",
+)
+
+
+def _backend_registry_slot() -> _Slot | None:
+    """c10d's backend registry tables, each rank its own copies (one slot)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    kind = getattr(c10d, "Backend", None)
+    if kind is None:
+        return None
+    names = tuple(n for n in _BACKEND_TABLES if isinstance(getattr(kind, n, None), list | dict))
+
+    def get() -> tuple[Any, ...]:
+        return tuple(getattr(kind, n) for n in names)
+
+    def set_(value: tuple[Any, ...]) -> None:
+        for n, v in zip(names, value, strict=True):
+            setattr(kind, n, v)
+
+    def copy_(value: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(v.copy() for v in value)
+
+    lookup = vars(kind).__getitem__
+    # Read at every switch: builtins only (a generator costs a call per item).
+    return _Slot("c10d's backend registry", get, set_, copy_, lambda: tuple(map(id, map(lookup, names))))
+
+
 def default_slots(taken: set[str]) -> list[_Slot]:
     """Slots for the default rank-local state the process holds now, leaving
     out any the caller already listed in ``rank_local`` (names in ``taken``)."""
@@ -279,6 +362,9 @@ def default_slots(taken: set[str]) -> list[_Slot]:
         slots.append(_attr_slot(tracker_module, "_rng_tracker"))
     elif tracker_module is None and "torch.distributed.tensor" not in sys.modules:
         late.append("torch.distributed.tensor._random")
+    for extra in (_module_hooks_slot(), _backend_registry_slot()):
+        if extra is not None:
+            slots.append(extra)
     for name in torch_caches.MODULES:
         # (A module the caller lists in rank_local is swapped whole, caches included.)
         if module_slot_name(name) in taken:
