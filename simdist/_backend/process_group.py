@@ -392,10 +392,19 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
             "output",
             out,
             list_first=False,
-            same_shape=True,
         )
+        # Entry r is reduced into member r's output, so entries may differ in
+        # shape from member to member (gloo and NCCL take it): this rank's
+        # own entry has its output's shape, and every member lists the same
+        # shapes (the fingerprint holds them all).
+        mine = ins[self._group_rank]
+        if mine.shape != out.shape:
+            raise ValueError(
+                f"reduce_scatter: input_list[{self._group_rank}] has shape {list(mine.shape)}, "
+                f"expected the output shape {list(out.shape)}"
+            )
         red = self._reduce_op(opts, out.dtype, "reduce_scatter")
-        fp = (("shape", shape(out)), ("dtype", out.dtype), ("reduce_op", red))
+        fp = (("shapes", tuple(shape(t) for t in ins)), ("dtype", out.dtype), ("reduce_op", red))
         return self._collective(OPS["reduce_scatter"], fp, {OUT: out, INS: ins}, [out], red, opts=opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:

@@ -246,7 +246,21 @@ def _run_store_rendezvous(world: Any, store: Any, rank: int, world_size: int) ->
     )
 
 
+def _set_pg_timeout(timeout: Any, group: Any = None) -> None:
+    """c10d's ``_set_pg_timeout`` looks for the group's gloo or NCCL backend
+    object, which a simdist group does not have: such a group sets its own."""
+    target = group if group is not None else (c10d._get_default_group() if me.c10d is not None else None)
+    set_timeout = getattr(target, "model_timeout", None)
+    if set_timeout is None:
+        return _patched["_set_pg_timeout"](timeout, group)
+    if c10d._rank_not_in_group(target):
+        raise ValueError("Invalid process group specified")
+    set_timeout(timeout.total_seconds())
+    return None
+
+
 _WRAPPERS = {
+    "_set_pg_timeout": _set_pg_timeout,
     "rendezvous": _rendezvous,
     "_new_process_group_helper": _new_process_group_helper,
     "_register_process_group": _register_process_group,

@@ -66,6 +66,10 @@ __all__ = [
 KNOWN_TORCH = ("2.13",)
 _FORCE_ENV = "SIMDIST_TORCH_COMPAT_ANY"
 
+# PyTorch's tests compare sums with gloo's: they run under gloo's order of
+# addition (``simdist.reduction.GlooRing``), not simdist's default rank order.
+REDUCTION = "gloo"
+
 _COMMON = "torch.testing._internal.common_distributed"
 _DIST_TEST = "torch.testing._internal.distributed.distributed_test"
 _DTENSOR = "torch.testing._internal.distributed._tensor.common_dtensor"
@@ -418,7 +422,7 @@ def _join_processes(self: Any, fn: Any) -> None:
 
     start = time.monotonic()
     with _as_in_a_child_process():
-        codes = simdist_run(rank_body, world_size=world_size, timeout=_timeout_of(self))
+        codes = simdist_run(rank_body, world_size=world_size, timeout=_timeout_of(self), reduction=REDUCTION)
     verdict = _simdist_verdict(p.error for p in pipes)
     if verdict is not None:
         raise verdict
@@ -516,7 +520,9 @@ def _run_threaded(world_size: int, per_rank: Callable[[int], None], fn: Any, cls
 
     common = _module(_COMMON)
     try:
-        simdist_run(rank_body, world_size=world_size, timeout=float(common.TIMEOUT_DEFAULT))
+        simdist_run(
+            rank_body, world_size=world_size, timeout=float(common.TIMEOUT_DEFAULT), reduction=REDUCTION
+        )
     except RankError as error:
         if any(isinstance(exc, SimulationError) for exc in error.failures.values()):
             raise  # simdist's own verdict (a mismatch, a deadlock inside a rank)

@@ -58,17 +58,18 @@ VALUE_ERRORS: list[tuple[str, int | None, Callable[[Any, int], Any], str]] = [
         f"reduce_scatter: output has dtype torch.float32 but input_list[1] has dtype torch.float64; {MIXED}",
     ),
     (
-        "reduce_scatter list shape",
+        # Entry r is member r's: only the rank's own entry must have its output's shape.
+        "reduce_scatter own entry shape",
         None,
-        lambda pg, r: pg.reduce_scatter([F32.clone()], [[F32, torch.ones(3)]], _rs()),
-        "reduce_scatter: input_list[1] has shape [3], expected the output shape [4]",
+        lambda pg, r: pg.reduce_scatter([F32.clone()], [[torch.ones(3), torch.ones(3)]], _rs()),
+        "reduce_scatter: input_list[{rank}] has shape [3], expected the output shape [4]",
     ),
     (
-        # Entry by entry: the first entry's shape is wrong before the second's dtype is looked at.
-        "reduce_scatter checks each entry in turn",
+        # Every entry's dtype is checked before the rank's own entry's shape.
+        "reduce_scatter checks dtypes before its own shape",
         None,
         lambda pg, r: pg.reduce_scatter([F32.clone()], [[torch.ones(3), F64]], _rs()),
-        "reduce_scatter: input_list[0] has shape [3], expected the output shape [4]",
+        f"reduce_scatter: output has dtype torch.float32 but input_list[1] has dtype torch.float64; {MIXED}",
     ),
     (
         "gather root list length",

@@ -80,17 +80,20 @@ def test_float16_sums_differ_from_gloos_order_within_roundings() -> None:
 
 def set_pg_timeout(ctx: simdist.RankContext) -> list[object]:
     pg = dist.new_group(list(range(WORLD)), backend="gloo")
-    with pytest.warns(UserWarning, match="only supported for either nccl or gloo"):
-        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=7), pg)
-    pg.set_timeout(datetime.timedelta(seconds=9))  # the group's own method works
-    return [pg.options._timeout.total_seconds()]
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=7), pg)
+    seen = [pg.options._timeout.total_seconds()]
+    pg.set_timeout(datetime.timedelta(seconds=9))
+    seen.append(pg._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+    if ctx.rank == 0:  # alone: the wait can never complete, and times out as gloo's
+        with pytest.raises(RuntimeError, match="Timed out waiting 9000ms"):
+            pg.allreduce([torch.ones(1)]).wait()
+    return seen
 
 
-def test_set_pg_timeout_reaches_no_simdist_group() -> None:
-    """c10d's _set_pg_timeout acts on a group's gloo or NCCL backend objects,
-    which a simdist group does not have: it warns and changes nothing (gloo: the
-    backend's timeout); ``pg.set_timeout`` does set it."""
-    assert simdist.run(set_pg_timeout, world_size=WORLD, timeout=60.0) == [[9.0]] * WORLD
+def test_a_groups_timeout_set_after_creation_is_its_waits() -> None:
+    """c10d's _set_pg_timeout and the group's set_timeout change the timeout
+    of the group's later waits (and ``options._timeout``), as on gloo."""
+    assert simdist.run(set_pg_timeout, world_size=WORLD, timeout=60.0) == [[7.0, 9.0]] * WORLD
 
 
 def flight_recorder_dump(ctx: simdist.RankContext) -> dict[str, object]:
@@ -107,3 +110,52 @@ def test_torchs_flight_recorder_sees_no_simdist_call(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "10")
     for dump in simdist.run(flight_recorder_dump, world_size=2, timeout=60.0):
         assert not dump.get("entries") and not dump.get("pg_config")
+
+
+def uneven_reduce_scatter(ctx: simdist.RankContext) -> list[float]:
+    r = dist.get_rank()
+    inputs = [torch.arange(float(i)) * (r + 1) for i in range(WORLD)]  # entry i: member i's size
+    out = torch.empty(r)
+    dist.reduce_scatter(out, inputs)
+    return out.tolist()
+
+
+def test_reduce_scatter_entries_of_each_members_shape_match_a_gloo_world() -> None:
+    gloo = run_processes(uneven_reduce_scatter, world_size=WORLD, backend="gloo", timeout=120.0)
+    sim = simdist.run(uneven_reduce_scatter, world_size=WORLD, timeout=60.0)
+    assert sim == gloo
+    assert sim[2] == [0.0, 6.0]  # (1 + 2 + 3) x arange(2)
+
+
+def uneven_shapes_disagree(ctx: simdist.RankContext) -> None:
+    sizes = [1, 2] if dist.get_rank() == 0 else [1, 3]  # members list different shapes
+    out = torch.empty(sizes[dist.get_rank()])
+    dist.reduce_scatter(out, [torch.ones(n) for n in sizes])
+
+
+def test_members_listing_different_entry_shapes_is_a_mismatch() -> None:
+    with pytest.raises(simdist.CollectiveMismatchError):
+        simdist.run(uneven_shapes_disagree, world_size=2, timeout=60.0)
+
+
+@pytest.mark.parametrize(
+    ("world", "numel", "dtype"), [(4, 2000, torch.float16), (3, 1001, torch.float32), (2, 7, torch.bfloat16)]
+)
+def test_the_gloo_reduction_model_is_gloos_all_reduce_bitwise(
+    world: int, numel: int, dtype: torch.dtype
+) -> None:
+    """reduction="gloo" sums in gloo's ring order: bitwise a gloo world's result."""
+    gloo = run_processes(
+        low_precision_sum, world_size=world, backend="gloo", timeout=120.0, args=(numel, dtype)
+    )
+    sim = simdist.run(
+        low_precision_sum, world_size=world, timeout=60.0, reduction="gloo", args=(numel, dtype)
+    )
+    assert all(torch.equal(s, g) for s, g in zip(sim, gloo, strict=True))
+
+
+def low_precision_sum(ctx: simdist.RankContext, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(500 + dist.get_rank())
+    t = ((torch.rand(numel, generator=g) * 2 - 1) * 60000 / ctx.world_size).to(dtype)
+    dist.all_reduce(t)
+    return t
