@@ -443,6 +443,17 @@ def _as_in_a_child_process() -> Iterator[None]:
     finally:
         _restore_environ(environ)
         dist.set_debug_level(level)
+        _forget_compiled_code()
+
+
+def _forget_compiled_code() -> None:
+    """torch.compile's caches die with a spawned process too. Kept, each
+    test's ranks add their own entries for the same code (a rank's guards
+    hold its own groups), and a later test hits dynamo's recompile limit
+    (8 entries a code object: test_dtensor_compile's third TP test)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
 
 
 def _encoded_environ() -> dict[Any, Any] | None:
