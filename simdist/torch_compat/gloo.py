@@ -32,7 +32,7 @@ from .._backend.current import current_world
 from .._backend.process_group import SimProcessGroup
 from .._backend.work import SimWork, all_of
 from .._core import identity
-from ..reduction import op_name
+from ..reduction import _combine_fn, op_name
 
 _REAL = dist.ProcessGroupGloo
 
@@ -72,17 +72,6 @@ def _check_dense(op: str, tensors: Sequence[torch.Tensor]) -> None:
     for i, t in enumerate(tensors):
         if t.layout != torch.strided:
             raise _fail(op, f"invalid tensor layout at index {i}")
-
-
-_LOCAL = {
-    "SUM": torch.add,
-    "PRODUCT": torch.mul,
-    "MIN": torch.minimum,
-    "MAX": torch.maximum,
-    "BAND": torch.bitwise_and,
-    "BOR": torch.bitwise_or,
-    "BXOR": torch.bitwise_xor,
-}
 
 
 def _opts(kind: type, **fields: Any) -> Any:
@@ -153,9 +142,9 @@ class GlooGroup(SimProcessGroup):
             local = local.coalesce()
         else:
             name = op_name(opts.reduceOp)
-            combine: Any = _LOCAL.get(name)
-            if combine is None:
+            if name == "AVG":  # an average over the group of a rank's local sum would not be gloo's
                 raise _fail("allreduce", f"unsupported reduction operation {name} for several tensors a rank")
+            combine = _combine_fn(name, tensors[0].dtype)
             local = tensors[0].clone()
             for t in tensors[1:]:
                 local = combine(local, t)
@@ -303,21 +292,7 @@ class GlooGroup(SimProcessGroup):
         if len(inputs) != 1:
             raise _fail("gather", "requires a single-element input tensor list")
         _check_dense("gather", inputs)
-        if self.rank() == opts.rootRank:
-            if len(output_lists) != 1:
-                raise _fail(
-                    "gather",
-                    f"requires a single-element output list containing a list with {self.size()} tensors",
-                )
-            if len(output_lists[0]) != self.size():
-                raise _fail(
-                    "gather",
-                    f"Incorrect output list size {len(output_lists[0])}. Output list size should be "
-                    f"{self.size()}, same as size of the process group.",
-                )
-            _check_same("gather", list(output_lists[0]), inputs[0])
-        elif len(output_lists):
-            raise _fail("gather", "requires empty output on non-root")
+        self._root_list("gather", "output", opts.rootRank, output_lists, inputs[0])
         return super().gather(output_lists, inputs, opts)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None, root: int | None = None) -> SimWork:  # type: ignore[override]  # gloo's overloads
@@ -333,22 +308,27 @@ class GlooGroup(SimProcessGroup):
         if len(outputs) != 1:
             raise _fail("scatter", "requires a single-element output tensor list")
         _check_dense("scatter", outputs)
-        if self.rank() == opts.rootRank:
-            if len(input_lists) != 1:
-                raise _fail(
-                    "scatter",
-                    f"requires a single-element input list containing a list with {self.size()} tensors",
-                )
-            if len(input_lists[0]) != self.size():
-                raise _fail(
-                    "scatter",
-                    f"Incorrect input list size {len(input_lists[0])}. Input list size should be "
-                    f"{self.size()}, same as size of the process group.",
-                )
-            _check_same("scatter", list(input_lists[0]), outputs[0])
-        elif len(input_lists):
-            raise _fail("scatter", "requires empty input on non-root")
+        self._root_list("scatter", "input", opts.rootRank, input_lists, outputs[0])
         return super().scatter(outputs, input_lists, opts)
+
+    def _root_list(self, op: str, role: str, root: int, lists: Any, like: torch.Tensor) -> None:
+        """gather's output list or scatter's input list: one list of a tensor a
+        member on the root, nothing elsewhere (gloo's checks, in its words)."""
+        if self.rank() != root:
+            if len(lists):
+                raise _fail(op, f"requires empty {role} on non-root")
+            return
+        if len(lists) != 1:
+            raise _fail(
+                op, f"requires a single-element {role} list containing a list with {self.size()} tensors"
+            )
+        if len(lists[0]) != self.size():
+            raise _fail(
+                op,
+                f"Incorrect {role} list size {len(lists[0])}. {role.capitalize()} list size should be "
+                f"{self.size()}, same as size of the process group.",
+            )
+        _check_same(op, list(lists[0]), like)
 
 
 def _seconds(timeout: Any) -> float | None:
