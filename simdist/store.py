@@ -81,9 +81,10 @@ class RankStore(dist.Store):
         # Threads outside the world's ranks (the caller, helpers) wait on this.
         self._changed = threading.Condition()
         # Busy polls: the store's change count, each rank's last poll (the
-        # count it saw, how many polls in a row saw it), and the parked pollers.
+        # count it saw, the call, how many such polls in a row saw it), and
+        # the parked pollers.
         self._version = 0
-        self._polls: dict[int, tuple[int, int]] = {}
+        self._polls: dict[int, tuple[int, str, int]] = {}
         self._pollers: list[tuple[int, _StoreChange]] = []
         self._timeout_s = 300.0
 
@@ -204,15 +205,17 @@ class RankStore(dist.Store):
         return False
 
     def _polled(self, what: str) -> None:
-        """A read a loop may repeat: the third in a row that finds the store
-        as the rank's last poll found it waits for the store to change."""
+        """A read a loop may repeat: the third time in a row a rank makes the
+        same read (same call, same keys) of an unchanged store, it waits for
+        the store to change. Reads of different keys never count together:
+        code that checks several optional keys once each goes on."""
         with self._changed:
             rank = self._rank_of_caller()
             if rank is None:
                 return
-            seen, count = self._polls.get(rank, (-1, 0))
-            count = count + 1 if seen == self._version else 0
-            self._polls[rank] = (self._version, count)
+            seen, last, count = self._polls.get(rank, (-1, "", 0))
+            count = count + 1 if seen == self._version and last == what else 0
+            self._polls[rank] = (self._version, what, count)
             if count < _POLLS_BEFORE_WAITING:
                 return
             pending = _StoreChange(what)

@@ -56,3 +56,15 @@ def polls_forever(ctx: simdist.RankContext) -> None:
 def test_a_poll_nobody_answers_is_a_deadlock_not_a_hang() -> None:
     with pytest.raises(simdist.DeadlockError, match="store poll"):
         simdist.run(polls_forever, world_size=2, timeout=30)
+
+
+def reads_several_missing_keys(ctx: simdist.RankContext) -> list[bool]:
+    store = dist.distributed_c10d._get_default_store()
+    # one look at each of several optional keys nobody sets: no loop, so no wait
+    found = [store.check([f"optional-{i}"]) for i in range(6)]
+    found += [store.add(f"counter-{i}", 0) > 0 for i in range(6)]
+    return found
+
+
+def test_reads_of_different_keys_are_not_a_poll() -> None:
+    assert simdist.run(reads_several_missing_keys, world_size=2, timeout=30) == [[False] * 12] * 2
