@@ -5,8 +5,7 @@ to connect (the run hung until its timeout)."""
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -15,8 +14,6 @@ import simdist
 
 def reinit_program(ctx: simdist.RankContext) -> list[float]:
     dist.destroy_process_group()
-    os.environ["MASTER_ADDR"] = "localhost"
-    os.environ["MASTER_PORT"] = "1"  # nothing listens there: no TCP is used
     dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world_size)
     t = torch.full((2,), ctx.rank + 1.0)
     dist.all_reduce(t)
@@ -29,7 +26,9 @@ def reinit_program(ctx: simdist.RankContext) -> list[float]:
     return [*t.tolist(), *u.tolist(), float(store_ranks)]
 
 
-def test_env_and_tcp_rendezvous_meet_in_the_run() -> None:
+def test_env_and_tcp_rendezvous_meet_in_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "1")  # nothing listens there: no TCP is used
     world = 3
     results = simdist.run(reinit_program, world_size=world, timeout=60)
     assert results == [[6.0, 6.0, float(world), float(world)]] * world
