@@ -7,7 +7,9 @@ tensor made, reduced, read back: ``t.add_(1)``) ``--runs`` times after a
 warm-up, and reports the median wall time per all_reduce and the process's
 CPU time per all_reduce. Variants: ``cpu`` (no emulation), ``emulated``
 (``cuda="emulate"``, tensors on ``"cuda"``, the sanitizer's stream rules on),
-and with ``--before`` the other revision's ``cpu``. The table is the median
+``layers`` (the CPU program through three Python handlers that only forward
+each call: the floor of any emulation written in Python), and with
+``--before`` the other revision's ``cpu`` and ``emulated``. The table is the median
 over rounds and the ratios; the load average is printed before and after.
 Prints, never asserts.
 
@@ -43,8 +45,17 @@ def _child(variant: str, worlds: list[int], calls: int, runs: int) -> None:
     emulated = variant == "emulated"
     device = "cuda" if emulated else "cpu"
     options: dict[str, Any] = {"cuda": "emulate"} if emulated else {}
+    layers = _do_nothing_layers() if variant == "layers" else None
 
     def body(ctx: Any) -> None:
+        if layers is not None:
+            kind, function_mode, dispatch_mode = layers
+            with function_mode(), dispatch_mode():
+                t = torch.zeros(16).as_subclass(kind)
+                for _ in range(calls):
+                    t.add_(1)
+                    dist.all_reduce(t)
+            return
         t = torch.zeros(16, device=device)
         for _ in range(calls):
             t.add_(1)
@@ -65,6 +76,34 @@ def _child(variant: str, worlds: list[int], calls: int, runs: int) -> None:
             "cpu": (time.process_time() - cpu0) / (runs * calls),
         }
     print(json.dumps(out))
+
+
+def _do_nothing_layers() -> tuple[type, type, type]:
+    """What any Python-level emulation of a device must have, doing nothing:
+    a tensor subclass answering its device (``__torch_function__``), a
+    function mode catching ``device="cuda"`` factories, and a dispatch mode
+    giving results of ops below Python their device. Each forwards the call.
+    The ``layers`` variant runs the CPU program through these three: the
+    least an emulated op can cost on top of the CPU's."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reported(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+
+    class Factories(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    class Below(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    return Reported, Factories, Below
 
 
 def _export(rev: str) -> Path:
@@ -99,10 +138,15 @@ def main() -> None:
         _child(args.child, worlds, args.calls, args.runs)
         return
     print(f"load average before: {os.getloadavg()}")
-    variants: list[tuple[str, Path, str]] = [("cpu", ROOT, "cpu"), ("emulated", ROOT, "emulated")]
+    variants: list[tuple[str, Path, str]] = [
+        ("cpu", ROOT, "cpu"),
+        ("emulated", ROOT, "emulated"),
+        ("do-nothing layers", ROOT, "layers"),
+    ]
     before = _export(args.before) if args.before else None
     if before is not None:
         variants.append((f"cpu @ {args.before}", before, "cpu"))
+        variants.append((f"emulated @ {args.before}", before, "emulated"))
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
     try:
         for round_ in range(args.rounds):

@@ -9,12 +9,11 @@ and the device's name and properties are the emulated device's. Every other
 thread, and every thread when no such run is in progress, gets torch's own
 functions: the replacements look the caller up and defer.
 
-``synchronize`` and ``empty_cache`` do nothing on the emulated device (there
-is no queue to drain and no cache to empty; ``synchronize`` orders the host
-after every stream in the stream rules). Streams and events are in
-``streams``, generators in ``generators``; ``patch`` installs these
-functions in ``torch.cuda`` and refuses, naming the call, what an emulated
-device cannot do (CUDA graphs, NVML, memory statistics).
+``synchronize`` has no queue to drain (it orders the host after every
+stream in the stream rules). Streams and events are in ``streams``,
+generators in ``generators``, memory statistics in ``memory``; ``patch``
+installs these functions in ``torch.cuda`` and refuses, naming the call,
+what an emulated device cannot do (CUDA graphs, NVML).
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ class EmulatedCuda:
         self.generators: dict[int, Any] = {}  # rank -> its generators (generators.py makes them)
         self._defaults: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
+        self.memory: Any = None  # the run's memory.DeviceMemory (memory.py builds on this module)
 
     def current(self, rank: int) -> int:
         return self._current[rank]
@@ -203,11 +203,6 @@ def synchronize(device: Any = None) -> None:
     order = found[0].order(found[1])
     if order is not None:
         order.synchronize_host()
-
-
-def empty_cache() -> None:
-    if emulation() is None:
-        _own("empty_cache")()
 
 
 class device:

@@ -25,12 +25,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import stacks
 from .._sanitizer.accesses import WRITE, accesses
 from .._sanitizer.mode import here
-from . import generators, streams
+from ..errors import UnsupportedOperationError
+from . import device_api, generators, streams
 from .ordering import storage_key
 from .tensor import (
+    EmulatedCudaParameter,
     EmulatedCudaTensor,
     _wrap_outputs,
     cuda_index,
+    handle,
     index_of,
     leaves,
     move,
@@ -112,6 +115,10 @@ class EmulatedCudaMode(TorchFunctionMode):
         ):
             # CUDA's autocast casts CUDA tensors only: a CPU op is left as it is.
             return _in_float32(func, args, kwargs)
+        if types and "device" not in kwargs and all(kind in _EMULATED_KINDS for kind in types):
+            # An op on emulated tensors: their own handler, called here rather
+            # than through torch's override protocol a second time.
+            return handle(func, args, kwargs)
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and not isinstance(first, EmulatedCudaTensor):
             if func is torch.Tensor.cuda:
@@ -143,6 +150,8 @@ class EmulatedCudaMode(TorchFunctionMode):
         return _wrap_outputs(result, index)
 
 
+_EMULATED_KINDS = frozenset({EmulatedCudaTensor, EmulatedCudaParameter})
+
 _RANDOM_FACTORIES = frozenset(
     {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "bernoulli"}
 )
@@ -152,6 +161,16 @@ _NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # what a subclass without
 
 
 def _dispatching(types: Any) -> bool:
+    known = _DISPATCHING.get(types)
+    if known is None:
+        known = _DISPATCHING[types] = _has_own_dispatch(types)
+    return known
+
+
+_DISPATCHING: dict[Any, bool] = {}  # per tuple of types (classes live as long as the process)
+
+
+def _has_own_dispatch(types: Any) -> bool:
     """Whether a subclass with a dispatch of its own takes part, fake tensors
     aside (they hold no values; the fake mode below computes them)."""
     own = [kind for kind in types if getattr(kind, "__torch_dispatch__", _NO_DISPATCH) is not _NO_DISPATCH]
@@ -182,38 +201,55 @@ class EmulatedDeviceDispatch(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
         if types and _dispatching(types):
             return NotImplemented
-        device = kwargs.get("device")
-        if device is not None:
-            # A factory or copy naming its device (torch code below Python
-            # builds them so): CUDA means the emulated device, else as asked.
-            index = cuda_index(device)
-            if index is None:
-                return _below_python(func, args, kwargs)
-            cpu = {**kwargs, "device": torch.device("cpu")}
-            result = _wrap_outputs(_run(func, args, cpu, index), index, (args, kwargs))
-        else:
-            given = leaves((args, kwargs))
-            emulated = next((leaf for leaf in given if isinstance(leaf, EmulatedCudaTensor)), None)
-            if emulated is None:
-                return _below_python(func, args, kwargs)
-            result = _run(func, args, kwargs, emulated._cuda_index)
-            result = _wrap_outputs(result, emulated._cuda_index, given_leaves=given)
-        if not here.quiet and not func.namespace.startswith(_COLLECTIVES):
-            _ordered(func, args, kwargs, result)
-        return result
+        # Below Python: no torch function handling for what this mode does
+        # itself (each tensor method call on an emulated tensor would go
+        # through both handlers: most of an op's cost, measured).
+        with _NO_TORCH_FUNCTION():
+            return _dispatch(func, args, kwargs or {})
+
+
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+
+
+def _dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    given = None
+    device = kwargs.get("device")
+    if device is not None:
+        # A factory or copy naming its device (torch code below Python
+        # builds them so): CUDA means the emulated device, else as asked.
+        index = cuda_index(device)
+        if index is None:
+            return _below_python(func, args, kwargs)
+        cpu = {**kwargs, "device": torch.device("cpu")}
+        result = _wrap_outputs(_run(func, args, cpu, index), index, (args, kwargs))
+    else:
+        given = leaves((args, kwargs))
+        emulated = next((leaf for leaf in given if isinstance(leaf, EmulatedCudaTensor)), None)
+        if emulated is None:
+            return _below_python(func, args, kwargs)
+        index = emulated._cuda_index
+        result = _wrap_outputs(_run(func, args, kwargs, index), index, given_leaves=given)
+    if not here.quiet and not func.namespace.startswith(_COLLECTIVES):
+        _ordered(func, args, kwargs, result, index, given)
+    return result
 
 
 # Collectives are ordered by their Work (collectives.py), not as kernels.
 _COLLECTIVES = ("c10d", "_c10d")
 
 
-def _ordered(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-    """The op as a kernel on the rank's current stream, in CUDA's stream rules:
-    what it read and wrote of its arguments, and the memory it made."""
-    order = streams.rank_order()
+def _ordered(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, index: int, given: Any
+) -> None:
+    """The op as a kernel on the current stream of its device (``cuda:index``,
+    as torch's device guard runs it), in CUDA's stream rules: what it read
+    and wrote of its arguments, and the memory it made. Reading a value to
+    the host (``item()``) makes the host wait for that stream. ``given``:
+    the arguments' leaves, None when not yet listed."""
+    found = device_api.emulation()
+    order = None if found is None else found[0].order(found[1])
     if order is None:
         return
     touched = [
@@ -221,17 +257,26 @@ def _ordered(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: A
         for tensor, access in accesses(func, args, kwargs)
         if isinstance(tensor, EmulatedCudaTensor) and (key := storage_key(tensor))
     ]
-    # A view (detach, a slice) shares its input's storage: not new memory.
-    given = {storage_key(leaf) for leaf in leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)}
-    made = [
-        key
-        for out in leaves(result)
-        if isinstance(out, EmulatedCudaTensor) and (key := storage_key(out)) and key not in given
-    ]
+    made = []
+    outputs = (result,) if isinstance(result, torch.Tensor) else leaves(result)
+    inputs: set[int] | None = None
+    for out in outputs:
+        if isinstance(out, EmulatedCudaTensor) and (key := storage_key(out)):
+            if inputs is None:
+                # A view (detach, a slice) shares its input's storage: not new memory.
+                listed = leaves((args, kwargs)) if given is None else given
+                inputs = {storage_key(leaf) for leaf in listed if isinstance(leaf, torch.Tensor)}
+            if key not in inputs:
+                made.append(key)
     if touched or made:
-        stream = streams.current_stream()
+        stream = streams.current_on(found[0], found[1], index)  # type: ignore[index]  # found is set
         what = f"{func.overloadpacket} at {stacks.call_site(2, outside_dispatch=True)}"
         order.access(stream.clock, touched, what, streams.namer(order, stream), made=made)
+        if func is _TO_HOST:
+            order.synchronize_host([stream.clock])
+
+
+_TO_HOST = torch.ops.aten._local_scalar_dense.default  # item(), float(t), bool(t): a blocking read
 
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
@@ -244,13 +289,36 @@ def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -
 def _below_python(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # An aten op reached by dispatch (torch's C++ code, DDP's reducer, a
     # decomposition) is not the program's call: the emulated tensors' device
-    # checks are for what the program asks, so they are off for it.
-    with torch._C.DisableTorchFunction():
+    # checks are for what the program asks, so they are off for it (the
+    # dispatch mode runs it with torch function handling off).
+    try:
         return func(*args, **kwargs)
+    except NotImplementedError:
+        _refuse_cuda_only(func)
+        raise
+
+
+def _refuse_cuda_only(func: Any) -> None:
+    """An op with a CUDA kernel and none for the CPU (a custom CUDA kernel, an
+    extension's op) cannot run on an emulated device: said by name."""
+    name = func.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(name, "CUDA") and not has(name, "CPU") and not has(name, "CompositeExplicitAutograd"):
+        raise UnsupportedOperationError(
+            f"{name}: a CUDA kernel with no CPU implementation cannot run on simdist's emulated CUDA "
+            "devices (custom CUDA kernels and extensions need a GPU); run this test on a GPU "
+            "(mark it gpu), see docs/cuda.md"
+        )
 
 
 @contextlib.contextmanager
 def emulating() -> Iterator[None]:
-    """Both modes, for one rank thread (or a helper thread of the rank)."""
+    """Both modes, for one rank thread (or a helper thread of the rank).
+
+    On the way out, a free that broke the caching allocator's stream rule
+    and has not been raised at a later kernel is (ordering.RankOrder.freed)."""
     with EmulatedCudaMode(), EmulatedDeviceDispatch():
         yield
+    order = streams.rank_order()
+    if order is not None:
+        order.raise_pending()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .. import stacks
 from ..errors import AsyncRaceError
 
 _ids = itertools.count(1_000_000)  # communicator streams (emulated streams count from 1)
@@ -65,6 +66,9 @@ class RankOrder:
         self.collectives: dict[int, tuple[dict[int, int], tuple[int, int]]] = {}
         self.communicators: dict[str, Clock] = {}  # group -> its stream
         self.labels: dict[int, str] = {}  # stream id -> how messages name it
+        # A free that broke the caching allocator's rule (memory.py): raised at
+        # the rank's next kernel, collective or the end of its body.
+        self.pending: AsyncRaceError | None = None
 
     def _happened(self, clock: Clock, stream: int, seq: int) -> bool:
         return stream == clock.id or clock.seen.get(stream, 0) >= seq or self.host.seen.get(stream, 0) >= seq
@@ -76,6 +80,8 @@ class RankOrder:
         and writing the new ones it ``made`` (whose memory may have held a freed
         tensor: their old records go)."""
         self.streams[clock.id] = clock
+        if self.pending is not None:
+            self.raise_pending()
         for key, writes in accesses:
             last = self.writes.get(key)
             if last is not None and not self._happened(clock, last[0], last[1]):
@@ -100,6 +106,48 @@ class RankOrder:
         what was done to it before says nothing of what lives there next."""
         self.writes.pop(key, None)
         self.reads.pop(key, None)
+
+    def freed(self, key: int, made_on: Clock | None, kept_for: set[Clock]) -> None:
+        """The storage at ``key``, made on ``made_on``'s stream, was freed: the
+        caching allocator may give its memory to the next allocation on that
+        stream at once, so every other stream's use of it must be ordered
+        before, or before the work (at the free) of a stream the tensor was
+        kept for with ``record_stream`` (the allocator waits for that)."""
+        last = self.writes.pop(key, None)
+        reads = self.reads.pop(key, None) or {}
+        if made_on is None or self.pending is not None:
+            return
+        uses = [(last[0], last[1], last[2], "wrote")] if last is not None else []
+        uses += [(stream, seq, what, "read") for stream, (seq, what) in reads.items()]
+        for stream, seq, what, did in uses:
+            if self._happened(made_on, stream, seq) or any(
+                self._happened(kept, stream, seq) for kept in kept_for
+            ):
+                continue
+            mine, theirs = self._label(made_on.id), self._label(stream)
+            site = stacks.call_site(3)
+            at = (
+                f"at {site}"
+                if site != "<unknown>"
+                else "(no line of the program on the stack: as a body ended, or by the garbage collector)"
+            )
+            self.pending = AsyncRaceError(
+                f"rank {self.rank}: a tensor made on {mine} was freed {at} while "
+                f"{what} on {theirs} {did} its memory, with nothing ordering that use before the free: "
+                f"the caching allocator may give the memory to the next allocation on {mine} while "
+                f"{theirs} still uses it. Call tensor.record_stream() with that stream before the tensor "
+                f"dies, or make {mine} wait for it first (wait_stream, an event, Work.wait on it) "
+                "(CUDA's caching allocator rule, docs/cuda.md)"
+            )
+            return
+
+    def _label(self, stream: int) -> str:
+        return self.labels.get(stream, f"stream {stream:#x}")
+
+    def raise_pending(self) -> None:
+        found, self.pending = self.pending, None
+        if found is not None:
+            raise found
 
     def synchronize_host(self, clocks: list[Clock] | None = None) -> None:
         """The host waited for these streams' work (all the rank's: ``None``)."""

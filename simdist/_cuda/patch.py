@@ -10,6 +10,7 @@ kinds, so code that checks ``isinstance(s, torch.cuda.Stream)`` keeps working.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch.overrides
 
 from .._isolation import patches
 from ..errors import UnsupportedOperationError
-from . import device_api, generators, streams
+from . import device_api, generators, memory, streams
 from .device_api import _TORCH, emulation
 
 
@@ -75,13 +76,6 @@ _REFUSED = {
     "temperature": "NVML reports a real GPU's state",
     "power_draw": "NVML reports a real GPU's state",
     "clock_rate": "NVML reports a real GPU's state",
-    "memory_allocated": "memory statistics are not emulated",
-    "max_memory_allocated": "memory statistics are not emulated",
-    "memory_reserved": "memory statistics are not emulated",
-    "max_memory_reserved": "memory statistics are not emulated",
-    "memory_stats": "memory statistics are not emulated",
-    "reset_peak_memory_stats": "memory statistics are not emulated",
-    "mem_get_info": "memory statistics are not emulated",
 }
 
 
@@ -119,7 +113,6 @@ REPLACED: dict[str, Any] = {
     "get_device_properties": device_api.get_device_properties,
     "get_device_capability": device_api.get_device_capability,
     "synchronize": device_api.synchronize,
-    "empty_cache": device_api.empty_cache,
     "device": device_api.device,
     "Stream": _either("Stream", streams.EmulatedStream),
     "Event": _either("Event", streams.EmulatedEvent),
@@ -128,6 +121,7 @@ REPLACED: dict[str, Any] = {
     "set_stream": _deferring("set_stream", streams.set_stream),
     "stream": _deferring("stream", _stream_context),
     **{name: _deferring(name, fn) for name, fn in generators.REPLACEMENTS.items()},
+    **{name: _deferring(name, fn) for name, fn in memory.REPLACEMENTS.items() if hasattr(torch.cuda, name)},
     **{name: _refusing(name, why) for name, why in _REFUSED.items() if hasattr(torch.cuda, name)},
 }
 
@@ -217,13 +211,65 @@ _STORAGE: dict[str, Any] = {}
 def _resize_storage(self: Any, size: int) -> Any:
     from .streams import rank_order
 
-    order = rank_order() if emulation() is not None else None
+    emulating = emulation() is not None
+    order = rank_order() if emulating else None
     before = self.data_ptr() if order is not None else 0
     result = _STORAGE["resize_"](self, size)
+    if emulating:
+        memory.resized(self)
     if order is not None:
         order.forget(before)
         order.forget(self.data_ptr())
     return result
+
+
+# torch.compile: its default (inductor) compiles an emulated rank's code for
+# the CPU the tensors really live on, which computes the program's values.
+# What only a GPU has is refused: CUDA graphs ("reduce-overhead",
+# "max-autotune", the "triton.cudagraphs" option), where the CPU backend
+# would silently leave them out.
+_COMPILE: dict[str, Any] = {}
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _compile(*args: Any, **kwargs: Any) -> Any:
+    if emulation() is not None:
+        mode, options = kwargs.get("mode"), kwargs.get("options") or {}
+        if mode in _CUDA_GRAPH_MODES or options.get("triton.cudagraphs"):
+            asked = f"mode={mode!r}" if mode in _CUDA_GRAPH_MODES else "options={'triton.cudagraphs': True}"
+            raise UnsupportedOperationError(
+                f"torch.compile({asked}): not available on simdist's emulated CUDA devices (it captures "
+                "CUDA graphs of GPU kernels); the default mode compiles for the CPU the emulated "
+                "tensors live on. Run this test on a GPU (mark it gpu), see docs/cuda.md"
+            )
+    return _COMPILE["compile"](*args, **kwargs)
+
+
+# Triton kernels launch through Triton's own driver, which finds no GPU on
+# this machine and says so from deep inside: in an emulating rank a launch is
+# refused by name. Triton is optional: patched only where it is installed
+# (imported then, so that a rank importing it later meets the patch too).
+_TRITON: dict[str, Any] = {}
+
+
+def _triton_jit() -> Any:
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton.runtime.jit
+    except Exception:  # a Triton that cannot load cannot launch either
+        return None
+    return triton.runtime.jit.JITFunction
+
+
+def _triton_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    if emulation() is not None:
+        raise UnsupportedOperationError(
+            f"a Triton kernel ({getattr(self, '__name__', self)}): not available on simdist's emulated "
+            "CUDA devices (Triton compiles GPU kernels); run this test on a GPU (mark it gpu), "
+            "see docs/cuda.md"
+        )
+    return _TRITON["run"](self, *args, **kwargs)
 
 
 _NCCL: dict[str, Any] = {}
@@ -245,6 +291,12 @@ def _install() -> None:
     for name, replacement in (("__enter__", _autocast_enter), ("__exit__", _autocast_exit)):
         _AUTOCAST[name] = _Autocast.__dict__[name]
         setattr(_Autocast, name, replacement)
+    jit = _triton_jit()
+    if jit is not None:
+        _TRITON["run"], _TRITON["class"] = jit.run, jit
+        jit.run = _triton_run
+    _COMPILE["compile"] = torch.compile
+    torch.compile = _compile  # refuses CUDA graphs in emulating ranks
     _STORAGE["resize_"] = torch.UntypedStorage.resize_
     torch.UntypedStorage.resize_ = _resize_storage  # type: ignore[method-assign]  # an emulating rank's storages
     _ENGINE.append(torch.autograd.graph._engine_run_backward)
@@ -263,6 +315,11 @@ def _uninstall() -> None:
     for name in ("__enter__", "__exit__"):
         if name in _AUTOCAST:
             setattr(_Autocast, name, _AUTOCAST.pop(name))
+    if "run" in _TRITON:
+        _TRITON["class"].run = _TRITON.pop("run")
+        _TRITON.clear()
+    if "compile" in _COMPILE:
+        torch.compile = _COMPILE.pop("compile")
     if "resize_" in _STORAGE:
         del torch.UntypedStorage.resize_  # the class's own (StorageBase's) again
         _STORAGE.clear()
@@ -282,6 +339,7 @@ patches.register(
         (_Autocast, "__enter__"),
         (_Autocast, "__exit__"),
         (torch.UntypedStorage, "resize_"),
+        (torch, "compile"),
         (torch.autograd.graph, "_engine_run_backward"),
         (torch.autograd, "_engine_run_backward"),
     ],

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import device_api
+from . import device_api, tensor
 from .ordering import Clock, RankOrder
 
 _ids = itertools.count(1)
@@ -164,6 +164,11 @@ def current_stream(device: Any = None) -> EmulatedStream:
     return _streams().get(index) or default_stream(index)
 
 
+def current_on(emulated: Any, rank: int, index: int) -> EmulatedStream:
+    """``rank``'s current stream on ``cuda:index`` (the caller knows its run)."""
+    return emulated.rank_streams(rank).get(index) or emulated.default_stream(rank, index, EmulatedStream)
+
+
 def set_stream(stream: EmulatedStream) -> None:
     _streams()[stream._index] = stream
 
@@ -178,3 +183,12 @@ def namer(order: RankOrder, stream: EmulatedStream) -> Callable[[int], str]:
     if stream._id not in order.labels:
         order.labels[stream._id] = label(stream)
     return lambda ident: order.labels.get(ident, "a communicator stream")
+
+
+def _host_waits(index: int) -> None:
+    order = rank_order()
+    if order is not None:
+        order.synchronize_host([current_stream(index).clock])
+
+
+tensor.HOOKS["to_host"] = _host_waits

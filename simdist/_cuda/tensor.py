@@ -163,7 +163,16 @@ def emulated(tensor: torch.Tensor, index: int) -> torch.Tensor:
     elif not isinstance(tensor, EmulatedCudaTensor):
         return tensor  # another subclass keeps its own type (and its own device story)
     tensor._cuda_index = index  # type: ignore[attr-defined]
+    made = HOOKS.get("made")
+    if made is not None:
+        made(tensor, index)
     return tensor
+
+
+# Set at import by memory.py: "made" (a tensor became emulated: its storage
+# is counted), "record_stream" (its memory is kept for a stream); by
+# streams.py: "to_host" (a blocking copy to the host: the host waits).
+HOOKS: dict[str, Callable[..., None]] = {}
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -213,6 +222,8 @@ def _wrap_outputs(result: Any, index: int, inputs: Any = (), given_leaves: list[
     if result is None:
         return result
     found = leaves(inputs) if given_leaves is None else given_leaves
+    if type(result) is torch.Tensor:  # the common case, without the walk below
+        return result if any(leaf is result for leaf in found) else emulated(result, index)
     given = {id(leaf) for leaf in found if isinstance(leaf, torch.Tensor)}
 
     def wrap(value: Any) -> Any:
@@ -244,7 +255,12 @@ def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
             "Use Tensor.cpu() to copy the tensor to host memory first."
         )
     if func is torch.Tensor.record_stream:
-        return None  # one rank's streams run in program order: nothing to keep alive for
+        # One rank's streams run in program order: nothing to keep alive, but
+        # the free is checked against the streams named (memory.py).
+        record = HOOKS.get("record_stream")
+        if record is not None:
+            record(args[0], args[1] if len(args) > 1 else kwargs.get("stream"))
+        return None
     if func is torch.Tensor.__format__:
         return plain(args[0]).__format__(*args[1:])  # a scalar formats as its value
     if func is torch.Tensor.cpu:
@@ -300,7 +316,16 @@ def _cuda_target(device: Any) -> int:
 def _to_cpu(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     with torch._C.DisableTorchFunctionSubclass():
         # A copy, as a device-to-host copy is: never the emulated tensor's storage.
-        return host(torch.Tensor.clone(tensor, memory_format=memory_format))
+        copied = host(torch.Tensor.clone(tensor, memory_format=memory_format))
+    _host_waited(tensor)
+    return copied
+
+
+def _host_waited(tensor: torch.Tensor) -> None:
+    """A blocking device-to-host copy: the host waits for the copying stream."""
+    waited = HOOKS.get("to_host")
+    if waited is not None and isinstance(tensor, EmulatedCudaTensor):
+        waited(tensor._cuda_index)
 
 
 def host(tensor: torch.Tensor) -> torch.Tensor:
@@ -322,7 +347,7 @@ def move(tensor: torch.Tensor, index: int) -> torch.Tensor:
 
 def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``Tensor.to`` with a CUDA target (or from an emulated tensor)."""
-    device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
     copy = bool(kwargs.get("copy", False))
     source = index_of(tensor)
     target = cuda_index(device) if device is not None else source
@@ -336,6 +361,8 @@ def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if out is tensor:
         return tensor  # nothing to do: the very tensor, as torch returns it
     if target is None:
+        if not non_blocking:
+            _host_waited(tensor)
         return host(out)  # a CPU copy
     return emulated(out, target)
 

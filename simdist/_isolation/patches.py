@@ -31,9 +31,12 @@ While runs are in progress simdist changes things a process has once:
    runs under the rank's sanitizer (``_sanitizer.backward``).
 9. ``cuda emulation``: ``torch.cuda``'s device API (``is_available``,
    ``device_count``, ``current_device``, ``set_device``, ``device`` and the
-   device's name and properties), answered per rank in runs with
-   ``cuda="emulate"`` and torch's own everywhere else (``_cuda.device_api``);
-   only those runs lease it.
+   device's name and properties, streams, generators, memory statistics),
+   answered per rank in runs with ``cuda="emulate"`` and torch's own
+   everywhere else (``_cuda.device_api``); with it NCCL's availability,
+   autocast's entry, ``UntypedStorage.resize_``, autograd's engine entry,
+   ``torch.compile`` (CUDA graphs refused) and, where Triton is installed,
+   its kernels' launch (refused); only those runs lease it.
 
 ``ORDER`` is the one list (each module registers its patch under its name,
 with the attributes it replaces, so this module imports none of them): each

@@ -17,6 +17,7 @@ from .._backend.group import SimGroup
 from .._core.records import GroupInfo
 from .._core.scheduler import Scheduler
 from .._cuda.device_api import EmulatedCuda
+from .._cuda.memory import DeviceMemory
 from .._isolation.rank_state import RankStates, release_process
 from ..errors import CollectiveMismatchError
 from ..faults import FaultState
@@ -66,11 +67,10 @@ class World(CallHooks):
         # every rank instead of a copy each (O(world) memory per rank).
         self.world_rank_map = {r: r for r in range(n)}
         # CUDA emulation (simdist._cuda): each rank's current device, the node's GPU count.
-        self.cuda_emulation = (
-            EmulatedCuda(n, options.emulated_devices, options.check_async)
-            if options.cuda == "emulate"
-            else None
-        )
+        self.cuda_emulation = None
+        if options.cuda == "emulate":
+            self.cuda_emulation = EmulatedCuda(n, options.emulated_devices, options.check_async)
+            self.cuda_emulation.memory = DeviceMemory()
         # Exceptions that escaped a rank's helper threads, per rank: the rank
         # fails with the first once its body has returned (never swallowed).
         self.helper_failures: dict[int, list[tuple[str, BaseException]]] = {}

@@ -92,27 +92,37 @@ def logits_and_target() -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def cross_entropy_body(ctx: simdist.RankContext, tp: int) -> tuple[torch.Tensor, torch.Tensor]:
+def cross_entropy_body(
+    ctx: simdist.RankContext, tp: int, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     from megatron.core import tensor_parallel
 
     _ps().initialize_model_parallel(tensor_model_parallel_size=tp)
     logits, target = logits_and_target()
     shard = VOCAB // tp
     # Megatron computes in float32 (it upcasts whatever it gets): feed float32 logits.
-    mine = logits[..., ctx.rank * shard : (ctx.rank + 1) * shard].float().requires_grad_()
-    loss = tensor_parallel.vocab_parallel_cross_entropy(mine, target)
-    (loss * torch.arange(1, loss.numel() + 1, dtype=loss.dtype).view(loss.shape)).sum().backward()
-    return loss.detach(), mine.grad
+    mine = logits[..., ctx.rank * shard : (ctx.rank + 1) * shard].float().to(device).requires_grad_()
+    loss = tensor_parallel.vocab_parallel_cross_entropy(mine, target.to(device))
+    weights = torch.arange(1, loss.numel() + 1, dtype=loss.dtype, device=device).view(loss.shape)
+    (loss * weights).sum().backward()
+    return loss.detach().cpu(), mine.grad.cpu(), f"{loss.device} {mine.grad.device}"
 
 
+@pytest.mark.parametrize("cuda", ["off", "emulate"])
 @pytest.mark.parametrize("tp", [2, 4])
-def test_vocab_parallel_cross_entropy_equals_float64(tp: int) -> None:
+def test_vocab_parallel_cross_entropy_equals_float64(tp: int, cuda: str) -> None:
+    """On CPU tensors, and (cuda='emulate') on CUDA ones as a GPU user writes it:
+    Megatron's cross entropy itself unmodified, its NCCL groups emulated."""
     logits, target = logits_and_target()
     logits = logits.float().double().requires_grad_()  # the float32 inputs, in float64
     want = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(SEQ, BATCH)
     (want * torch.arange(1, want.numel() + 1, dtype=want.dtype).view(want.shape)).sum().backward()
     shard = VOCAB // tp
-    for rank, (loss, grad) in enumerate(simdist.run(cross_entropy_body, world_size=tp, args=(tp,))):
+    device = "cuda" if cuda == "emulate" else "cpu"
+    options = {"cuda": "emulate"} if cuda == "emulate" else {}
+    results = simdist.run(cross_entropy_body, world_size=tp, args=(tp, device), **options)
+    for rank, (loss, grad, devices) in enumerate(results):
+        assert devices == (f"cuda:{rank} cuda:{rank}" if cuda == "emulate" else "cpu cpu")
         torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(
             grad.double(), logits.grad[..., rank * shard : (rank + 1) * shard], rtol=1e-6, atol=1e-6

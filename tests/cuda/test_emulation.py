@@ -227,7 +227,7 @@ def test_mixing_devices_raises_torchs_own_error() -> None:
         picked = y[torch.tensor([0, 2])]
         return y.tolist(), picked.tolist(), str(picked.device)
 
-    assert _run(body, world_size=1) == [([0.0, 1.0, 2.0], [0.0, 2.0], "cuda:0")]
+    assert _run(body, world_size=1, cuda_devices=2) == [([0.0, 1.0, 2.0], [0.0, 2.0], "cuda:0")]
 
 
 def test_a_module_moved_to_cuda_trains_as_on_the_cpu() -> None:
@@ -591,7 +591,6 @@ def test_what_cannot_be_emulated_is_refused_naming_the_call() -> None:
     calls = {
         "CUDAGraph": lambda: torch.cuda.CUDAGraph(),
         "graph": lambda: torch.cuda.graph(None),
-        "memory_allocated": lambda: torch.cuda.memory_allocated(),
         "utilization": lambda: torch.cuda.utilization(),
     }
 
@@ -606,6 +605,60 @@ def test_what_cannot_be_emulated_is_refused_naming_the_call() -> None:
         return seen
 
     assert _run(body) == [dict.fromkeys(calls, True)] * 2
+
+
+def test_gpu_only_compilation_and_kernels_are_refused_naming_the_call() -> None:
+    from simdist.errors import UnsupportedOperationError
+
+    lib = torch.library.Library("simdist_cuda_only", "DEF")  # a test-local op library
+    lib.define("double(Tensor x) -> Tensor")
+    lib.impl("double", lambda x: x * 2, "CUDA")  # an extension's kernel: CUDA only
+
+    def body(ctx):
+        x = torch.ones(4, device="cuda")
+        seen = []
+        for mode in ("reduce-overhead", "max-autotune"):
+            with pytest.raises(UnsupportedOperationError, match=f"torch.compile\\(mode='{mode}'\\)"):
+                torch.compile(lambda t: t + 1, mode=mode)
+        with pytest.raises(UnsupportedOperationError, match=r"triton\.cudagraphs"):
+            torch.compile(lambda t: t + 1, options={"triton.cudagraphs": True})
+        with pytest.raises(
+            UnsupportedOperationError, match="simdist_cuda_only::double: a CUDA kernel"
+        ) as caught:
+            torch.ops.simdist_cuda_only.double(x)
+        seen.append("mark it gpu" in str(caught.value))
+        # The default compiles for the CPU the tensors live on: the program's values.
+        compiled = torch.compile(lambda t: t * 2 + 1)(x)
+        seen.append((str(compiled.device), compiled.cpu().tolist()))
+        return seen
+
+    try:
+        assert _run(body, world_size=1) == [[True, ("cuda:0", [3.0] * 4)]]
+    finally:
+        del lib
+    # Outside emulating runs: torch's own torch.compile again.
+    assert "simdist" not in getattr(torch.compile, "__module__", "")
+
+
+def test_a_triton_kernel_is_refused_naming_it() -> None:
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    from simdist.errors import UnsupportedOperationError
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+    def body(ctx):
+        x = torch.ones(8, device="cuda")
+        with pytest.raises(UnsupportedOperationError, match=r"a Triton kernel \(add_one\)") as caught:
+            add_one[(1,)](x, 8, BLOCK=8)
+        return "mark it gpu" in str(caught.value)
+
+    assert _run(body) == [True, True]
+    assert "simdist" not in triton.runtime.jit.JITFunction.run.__module__  # Triton's own again
 
 
 def test_the_docs_page_example_runs_as_written() -> None:

@@ -134,3 +134,82 @@ def test_programs_on_one_stream_never_raise(steps: int) -> None:
         return float(loss.detach())
 
     assert _outcome(body).startswith("ok")
+
+
+# ------------------------------------------------------------ frees (the caching allocator's rule)
+
+
+def _freed_while_side_reads(fix: str):
+    def body(ctx):
+        compute, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        x = torch.full((8,), float(ctx.rank + 1), device="cuda")  # made on the compute stream
+        side.wait_stream(compute)
+        with torch.cuda.stream(side):
+            y = x * 2  # read on the side stream
+        if fix == "record_stream":
+            x.record_stream(side)  # the allocator keeps x's memory until side's work is done
+        elif fix == "wait_stream":
+            compute.wait_stream(side)  # side's use is ordered before the free
+        del x  # freed: the compute stream's next allocation may reuse the memory at once
+        compute.wait_stream(side)
+        return float(y.sum())
+
+    return body
+
+
+def test_a_buffer_freed_without_record_stream_while_a_side_stream_reads_it() -> None:
+    racy = _outcome(_freed_while_side_reads("nothing"))
+    assert racy.startswith(
+        "AsyncRaceError: rank 0: a tensor made on the default stream of cuda:0 was freed at"
+    ), racy
+    assert "test_stream_rules.py:" in racy  # the line of the free
+    assert "while aten.mul at" in racy and "on stream 0x" in racy and "read its memory" in racy, racy
+    assert "record_stream()" in racy
+    assert _outcome(_freed_while_side_reads("record_stream")) == "ok [16.0, 32.0]"
+    assert _outcome(_freed_while_side_reads("wait_stream")) == "ok [16.0, 32.0]"
+
+
+def test_a_side_stream_collective_buffer_freed_before_its_stream_is_waited_for() -> None:
+    def body(ctx, fixed: bool):
+        compute, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        t = torch.ones(4, device="cuda")
+        side.wait_stream(compute)
+        with torch.cuda.stream(side):
+            dist.all_reduce(t)  # waited on the side stream: the collective writes t
+            total = t * 1  # read on the side stream
+        if fixed:
+            t.record_stream(side)
+        del t
+        compute.wait_stream(side)
+        return float(total.sum())
+
+    racy = _outcome(body, args=(False,))
+    assert "was freed at" in racy and "all_reduce on group world" not in racy.split("while")[0], racy
+    assert _outcome(body, args=(True,)) == "ok [8.0, 8.0]"
+
+
+def test_a_free_found_at_the_end_of_the_body_is_still_reported() -> None:
+    # The last use is the free itself, when the body returns: no later kernel.
+    def body(ctx):
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.mul_(2)  # written on the side stream
+        return None  # x freed on the way out, side never waited for
+
+    assert _outcome(body).startswith("AsyncRaceError: rank 0: a tensor made on the default stream")
+
+
+def test_memory_made_on_a_side_stream_and_freed_there_is_fine() -> None:
+    def body(ctx):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                scratch = torch.ones(16, device="cuda") * 2  # made, used, freed on side
+                del scratch
+        torch.cuda.current_stream().wait_stream(side)
+        return 1
+
+    assert _outcome(body) == "ok [1, 1]"
