@@ -154,3 +154,80 @@ def test_outside_an_emulating_run_torchs_own_functions_answer() -> None:
 def test_a_real_gpu_counts_as_the_emulation_does() -> None:
     torch.cuda.synchronize()
     assert _allocations_and_frees(0) == _expected(0)
+
+
+# ------------------------------------------------------------ adversarial uses
+
+
+def test_a_helper_thread_allocates_for_its_rank() -> None:
+    import threading
+
+    def body(ctx):
+        made = []
+        worker = threading.Thread(target=lambda: made.append(torch.empty(1024, device="cuda")))
+        worker.start()
+        worker.join()
+        return torch.cuda.memory_allocated()
+
+    assert _run(body) == [4096, 4096]
+
+
+def test_a_tensor_handed_to_a_peer_and_freed_there_counts_back_on_its_maker() -> None:
+    shared: dict[int, torch.Tensor] = {}
+
+    def body(ctx):
+        import torch.distributed as dist
+
+        if ctx.rank == 0:
+            shared[0] = torch.empty(1024, device="cuda")
+        held = torch.cuda.memory_allocated()
+        dist.barrier()
+        if ctx.rank == 1:
+            del shared[0]  # rank 1 drops rank 0's tensor: rank 0's memory is freed
+        dist.barrier()
+        return held, torch.cuda.memory_allocated()
+
+    assert _run(body) == [(4096, 0), (0, 0)]
+
+
+def test_a_caught_free_error_does_not_come_back() -> None:
+    from simdist.errors import AsyncRaceError
+
+    def body(ctx):
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x * 2
+        del x  # freed while side reads it, no record_stream
+        try:
+            z = y + 1  # the next kernel reports it
+        except AsyncRaceError as caught:
+            reported = "was freed at" in str(caught)
+        torch.cuda.current_stream().wait_stream(side)
+        z = y + 1  # the program goes on: reported once
+        return reported, float(z.sum())
+
+    assert _run(body) == [(True, 12.0), (True, 12.0)]
+
+
+def test_without_the_sanitizer_frees_are_not_checked_but_still_counted() -> None:
+    def body(ctx):
+        side = torch.cuda.Stream()
+        x = torch.ones(1024, device="cuda")
+        with torch.cuda.stream(side):
+            y = x * 2
+        del x
+        return torch.cuda.memory_allocated(), float(y.sum())
+
+    assert _run(body, check_async=False) == [(4096, 2048.0)] * 2
+
+
+def test_a_run_after_a_failed_run_starts_from_nothing() -> None:
+    def failing(ctx):
+        kept = torch.empty(4096, device="cuda")  # noqa: F841  # held when the rank fails
+        raise ValueError("planted")
+
+    with pytest.raises(simdist.RankError, match="planted"):
+        _run(failing)
+    assert _run(lambda ctx: torch.cuda.memory_allocated()) == [0, 0]
