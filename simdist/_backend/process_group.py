@@ -9,9 +9,7 @@ its rank, even when a collective is issued from an autograd thread.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
-from datetime import timedelta
 from time import perf_counter_ns
 from typing import Any
 
@@ -23,7 +21,6 @@ from .. import _sanitizer, stacks
 from .._core.records import Call, GroupInfo
 from .._core.scheduler import Scheduler
 from .._isolation import profiler as _profiler
-from .._isolation.c10d_state import scoped_name
 from ..errors import UnsupportedOperationError
 from ..reduction import check_reduce_op
 from . import ddp_logging as _ddp_logging  # noqa: F401  # registers its patch
@@ -32,20 +29,18 @@ from .buffers import bump, detached
 from .coalesced import Coalesced
 from .current import _check_caller, _current, _refused
 from .dispatch import Completion
+from .group import BACKEND_NAME, GroupIdentity
 from .monitored import monitored_barrier
 from .ops import OPS, SPARSE, OpSpec, Whole
 from .p2p import PointToPoint
-from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
-from .profiled import as_one_call
+from .payload import INS, OUT, OUTS, TS, T
 from .profiled import record as record_profiled
 from .refused import Refusals
 from .shadow import modes_active, show
 from .timeouts import seconds_of
-from .validation import group_sized, member_list, one, root_in_group, root_list, same_dtype, shape
-from .work import SimWork, all_of
+from .validation import member_list, one, root_in_group, root_list, same_dtype, shape
+from .work import SimWork
 from .world_hooks import WorldHooks
-
-BACKEND_NAME = "simdist"
 
 Fingerprint = tuple[tuple[str, Any], ...]
 
@@ -64,11 +59,7 @@ def _reduce_options(kind: Any, op: Any) -> Any:
     return opts
 
 
-def c10d_default_timeout() -> timedelta:
-    return dist.distributed_c10d.default_pg_timeout
-
-
-class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
+class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
     """One rank's handle on one simulated communicator.
 
     The collectives override c10d's Backend API (lists of tensors and an
@@ -88,94 +79,6 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         self._desc = "undefined"
         self._backend_name = BACKEND_NAME
         self.timeout: float | None = None  # an explicit timeout= of the group, in seconds
-
-    # c10d stores names in the C++ backend, which a Python group does not have.
-    # The name c10d resolves groups by (functional collectives, DTensor) is
-    # unique to this run and rank; see c10d_state.
-    def _set_group_name(self, name: str) -> None:
-        self._name = GroupName(scoped_name(name))
-
-    @property
-    def group_name(self) -> GroupName:
-        return self._name
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
-        if desc and desc not in ("undefined", "default_pg"):
-            self._world.label_group(self._info.name, desc)
-
-    @property
-    def group_desc(self) -> str:
-        return self._desc
-
-    # c10d's C++ side (DDP's logger) reads getBackendName() and, for "gloo",
-    # looks up a gloo backend this group does not have: it keeps the true
-    # name. Python code reads _get_backend_name(): the name the program asked for.
-    def getBackendName(self) -> str:
-        return BACKEND_NAME
-
-    def _get_backend_name(self) -> str:
-        return self._backend_name
-
-    def name(self) -> str:
-        """``pg.name()`` as c10d answers it: the backend asked for ("gloo"),
-        or "custom" for a group asked for as simdist (a registered backend)."""
-        return "custom" if self._backend_name == BACKEND_NAME else self._backend_name
-
-    def _get_backend(self, device: Any) -> SimProcessGroup:  # type: ignore[override]  # c10d's stub returns its Backend type
-        """c10d's backend for a device: a simdist group serves every device itself."""
-        return self
-
-    @staticmethod
-    def create_device(hostname: str = "", interface: str = "", lazy_init: bool | None = None) -> Any:
-        """gloo's ``create_device``, which code calls on the backend of a
-        gloo group: torch's own (simdist's transport needs no device)."""
-        kwargs: dict[str, Any] = {"hostname": hostname, "interface": interface}
-        if lazy_init is not None:
-            kwargs["lazy_init"] = lazy_init
-        return dist.ProcessGroupGloo.create_device(**kwargs)
-
-    def model_timeout(self, seconds: float) -> None:
-        """The group was made with an explicit ``timeout=``: its waits time out as
-        gloo's do, the moment they can never complete (see ``timeouts``)."""
-        self.timeout = seconds
-        self._options()._timeout = timedelta(seconds=seconds)
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        """c10d's ``pg.set_timeout``: the group's later waits time out after it."""
-        self.model_timeout(timeout.total_seconds())
-
-    def _set_default_timeout(self, timeout: timedelta) -> None:
-        self.model_timeout(timeout.total_seconds())
-
-    def _options(self) -> Any:
-        opts = self.__dict__.get("options")
-        if opts is None:
-            # gloo's options object, as a gloo backend's ``options`` holds it
-            # (its ``_timeout`` is the group's); a plain namespace without gloo.
-            kind = getattr(dist, "ProcessGroupGloo", None)
-            opts = kind._Options() if kind is not None else types.SimpleNamespace()
-            opts._timeout = c10d_default_timeout()
-            self.__dict__["options"] = opts
-        return opts
-
-    @property
-    def options(self) -> Any:
-        return self._options()
-
-    @options.setter
-    def options(self, value: Any) -> None:
-        self.__dict__["options"] = value
-
-    def report_backend_as(self, name: str) -> None:
-        """The backend name the program asked for ("gloo"), reported instead of "simdist"."""
-        self._backend_name = name
-        if name.lower() == "nccl":
-            self.asked_for_nccl()
-
-    def asked_for_nccl(self) -> None:
-        """The program asked for NCCL: the sanitizer holds the group to NCCL's ordering rule."""
-        self._info.nccl = True
 
     @property
     def info(self) -> GroupInfo:
@@ -336,47 +239,6 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         fp = (("dtype", t.dtype),)
         return self._collective(OPS["all_gather"], fp, {T: t, OUTS: outs}, outs, opts=opts)
 
-    def allgather_coalesced(
-        self,
-        output_lists: Sequence[Sequence[torch.Tensor]],
-        inputs: Sequence[torch.Tensor],
-        opts: Any = None,
-    ) -> SimWork:
-        """``all_gather_coalesced`` (deprecated in torch): ``output_lists[r][i]``
-        receives input ``i`` of group rank ``r``, as gloo fills it. One
-        all_gather per input, waited for as one call."""
-        n = self.size()
-        if len(output_lists) != n:
-            raise ValueError(
-                f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists, "
-                f"expected group size {n}"
-            )
-        for r, outs in enumerate(output_lists):
-            if len(outs) != len(inputs):
-                raise ValueError(
-                    f"all_gather_coalesced: output_tensor_lists[{r}] has {len(outs)} tensors, "
-                    f"expected one per input tensor ({len(inputs)})"
-                )
-        with as_one_call(self, "all_gather", inputs, perf_counter_ns() if _profiler.active else 0):
-            works: list[dist.Work] = [
-                self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(inputs)
-            ]
-        return all_of(self._scheduler, self._global_rank, works, [t for outs in output_lists for t in outs])
-
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "all_gather_single", output, input, opts)
-        return self._all_gather_single(output, input, opts)
-
-    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
-        """``all_gather_single`` past the modes (a coalesced call shows them one op for all)."""
-        same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
-        group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
-        out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
-        fp = (("shape", shape(input)), ("dtype", input.dtype))
-        payload = {IN: input, OUT_FLAT: out_flat}
-        return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output], opts=opts)
-
     def reduce_scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
@@ -406,24 +268,6 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         red = self._reduce_op(opts, out.dtype, "reduce_scatter")
         fp = (("shapes", tuple(shape(t) for t in ins)), ("dtype", out.dtype), ("reduce_op", red))
         return self._collective(OPS["reduce_scatter"], fp, {OUT: out, INS: ins}, [out], red, opts=opts)
-
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "reduce_scatter_single", output, input, opts)
-        return self._reduce_scatter_single(output, input, opts)
-
-    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
-        """``reduce_scatter_single`` past the modes (a coalesced call shows them one op for all)."""
-        same_dtype("reduce_scatter_tensor", "output", output, "input", input)
-        group_sized("reduce_scatter_tensor", "input", input, "output", output, self.size())
-        red = self._reduce_op(opts, output.dtype, "reduce_scatter_tensor")
-        in_flat = input if K.dense(input) else K.flat(input, "reduce_scatter_tensor input")
-        out_flat = (
-            output.view(-1) if output.is_contiguous() else _dense(output, "reduce_scatter_tensor output")
-        )
-        fp = (("shape", shape(output)), ("dtype", output.dtype), ("reduce_op", red))
-        payload = {IN: in_flat, OUT: out_flat}
-        return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red, opts=opts)
 
     def gather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
@@ -484,45 +328,6 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
         payload = {OUTS: list(outputs), INS: list(inputs)}
         return self._collective(OPS["all_to_all"], fp, payload, list(outputs), opts=opts)
 
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: Sequence[int],
-        input_split_sizes: Sequence[int],
-        opts: Any = None,
-    ) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(
-                self,
-                "all_to_all_single",
-                output,
-                input,
-                list(output_split_sizes),
-                list(input_split_sizes),
-                opts,
-            )
-        n = self.size()
-        K.require_dense(output, "all_to_all_single", "output")
-        K.require_dense(input, "all_to_all_single", "input")
-        out_splits = K.check_splits(
-            output_split_sizes,
-            output.shape[0] if output.dim() else 0,
-            n,
-            "all_to_all_single output_split_sizes",
-        )
-        in_splits = K.check_splits(
-            input_split_sizes, input.shape[0] if input.dim() else 0, n, "all_to_all_single input_split_sizes"
-        )
-        if output.shape[1:] != input.shape[1:]:
-            raise ValueError(
-                f"all_to_all_single: output and input must agree beyond dim 0, got "
-                f"{list(output.shape)} and {list(input.shape)}"
-            )
-        fp = (("row_shape", shape(input)[1:]), ("dtype", input.dtype))
-        payload = {OUT: output, IN: input, OUT_SPLITS: out_splits, IN_SPLITS: in_splits}
-        return self._collective(OPS["all_to_all_single"], fp, payload, [output], opts=opts)
-
     def barrier(self, opts: Any = None) -> SimWork:
         if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
             show(self, "barrier", opts)
@@ -536,23 +341,3 @@ class SimProcessGroup(Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         monitored_barrier(self, timeout, wait_all_ranks)
-
-
-def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
-    """A channels-last tensor as it is (gloo and NCCL take one); else ``flat``'s refusal."""
-    if not K.dense(t):
-        K.flat(t, what)
-    return t
-
-
-def _flat_or_blocks(output: torch.Tensor, op: str, what: str, size: int) -> torch.Tensor:
-    """A contiguous output as a flat view; a channels-last one as it is, its
-    slots being blocks of dim 0 (refused when dim 0 does not split so)."""
-    if output.is_contiguous():
-        return output.view(-1)
-    _dense(output, f"{op} {what}")
-    if output.shape[0] % size:
-        raise ValueError(
-            f"{op}: a channels-last {what} must split into {size} slots along dim 0, got shape {list(output.shape)}"
-        )
-    return output

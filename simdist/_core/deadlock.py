@@ -26,7 +26,7 @@ from .report import world_report_locked
 from .slots import HelperSlot, Slots
 from .state import Aborts, Findings
 from .turns import Turns
-from .waitfor import cannot_complete_threads, deadlock_headline, on_cycle, reachable
+from .waitfor import cannot_complete_threads, deadlock_core, deadlock_headline, failed_roots, reachable
 
 Waits = dict[int, list[list[int]]]  # rank -> what each of its waiting threads needs
 
@@ -176,40 +176,22 @@ class Detector:
                     waits.update(self._graph_from_locked(r))
             return (waits, []) if waits else None
         waits = {
-            r: self._thread_waits_locked(r)
+            r: thread_waits_locked(self._slots, r)
             for r, s in enumerate(ranks)
             if s.state is RankState.WAITING and not slots.progressing(r)
         }
         return waits, [r for r, s in enumerate(ranks) if s.helpers and r not in waits]
-
-    def _thread_waits_locked(self, rank: int) -> list[list[int]]:
-        """What each waiting thread of ``rank`` needs, its main thread first.
-
-        A wait that any one of its ranks can end (a recv without ``src``:
-        ``needs_any``) counts as one alternative per rank, as if each were a
-        thread of its own: the rank can complete when any alternative can.
-        """
-        lists: list[list[int]] = []
-        for _, waitable in self._slots.waiting_threads(rank):
-            needed = list(waitable.needed_ranks())
-            if getattr(waitable, "needs_any", False) and needed:
-                lists += [[p] for p in needed]
-            else:
-                lists.append(needed)
-        return lists
-
-    def _waiters_on_locked(self, rank: int) -> list[int]:
-        """The waiting ranks whose call needs ``rank``."""
-        return self._collectives.waiters_on_locked(rank, self._slots) + self._p2p.waiters_on_locked(
-            rank, self._slots
-        )
 
     def _closure_on_locked(self, rank: int) -> set[int]:
         """The waiting ranks that need ``rank``, directly or through other waiting ranks."""
         seen: set[int] = set()
         todo = [rank]
         while todo:
-            for w in self._waiters_on_locked(todo.pop()):
+            r = todo.pop()
+            # the waiting ranks whose call needs r
+            for w in self._collectives.waiters_on_locked(r, self._slots) + self._p2p.waiters_on_locked(
+                r, self._slots
+            ):
                 if w not in seen:
                     seen.add(w)
                     todo.append(w)
@@ -225,7 +207,7 @@ class Detector:
             r = todo.pop()
             if r in waits or slots.progressing(r):
                 continue
-            lists = self._thread_waits_locked(r)
+            lists = thread_waits_locked(self._slots, r)
             waits[r] = lists
             todo += [p for needed in lists for p in needed if slots.ranks[p].state is RankState.WAITING]
         return waits
@@ -236,16 +218,15 @@ class Detector:
         """Deadlock the core of ``stuck``; release the rest (from a failed rank, or the core)."""
         ranks = self._slots.ranks
         gone = self._slots.gone
-        roots = self._failed_roots(graph, stuck)
+        failed = {r: slot.root_failure for r, slot in enumerate(ranks) if slot.state is RankState.FAILED}
+        roots = failed_roots(graph, stuck, failed)
         why = {r: f"which failed with {ranks[roots[r]].failure}" for r in stuck if roots[r] is not None}  # type: ignore[index]  # filtered to roots that are not None
         deadlocked = {r for r in stuck if roots[r] is None}
         # The core of a deadlock (ranks on a cycle, or waiting on a rank that
         # has finished) is the same whatever the timing; ranks that merely
         # wait on the core are released by it, as they would be had they
         # arrived after the core was reported.
-        core = sorted(
-            r for r in deadlocked if on_cycle(graph, r, deadlocked) or any(p in gone for p in graph[r])
-        )
+        core = deadlock_core(graph, deadlocked, gone)
         for r in sorted(deadlocked - set(core)):
             roots[r] = next(c for c in reachable(graph, r, deadlocked) if c in core)
             why[r] = "which is deadlocked"
@@ -266,32 +247,6 @@ class Detector:
             )
             self._turns.interrupt_rank_locked(r, mark_consequence(released, root))
 
-    def _failed_roots(self, graph: dict[int, list[int]], stuck: set[int]) -> dict[int, int | None]:
-        """For each stuck rank, the failed rank it waits on (transitively), if any."""
-        ranks = self._slots.ranks
-        roots: dict[int, int | None] = {}
-
-        def root_of(r: int, path: set[int]) -> int | None:
-            if r in roots:
-                return roots[r]
-            path.add(r)
-            found: int | None = None
-            for p in sorted(graph[r]):
-                slot = ranks[p]
-                if slot.state is RankState.FAILED:
-                    found = slot.root_failure
-                elif p in stuck and p not in path:
-                    found = root_of(p, path)
-                if found is not None:
-                    break
-            path.discard(r)
-            roots[r] = found
-            return found
-
-        for r in sorted(stuck):
-            root_of(r, set())
-        return roots
-
     def _settle_threads_locked(self, lone: list[int], stuck: set[int]) -> None:
         """Ranks that still run (a helper or the main thread does) may have
         single threads that can never complete: waiting on a peer that has
@@ -302,9 +257,11 @@ class Detector:
                 needed = [p for p in waitable.needed_ranks() if p != r]
                 bad = sorted(p for p in needed if p in stuck or p in slots.gone)
                 if bad and (len(bad) == len(needed) or not getattr(waitable, "needs_any", False)):
-                    self._interrupt_thread_locked(
-                        r, helper, self._thread_error_locked(r, helper, waitable, bad)
-                    )
+                    error = self._thread_error_locked(r, helper, waitable, bad)
+                    if helper is None:
+                        self._turns.interrupt_main_locked(r, error)
+                    else:
+                        slots.interrupt_helper_locked(helper, error)
 
     def _thread_error_locked(
         self, r: int, helper: HelperSlot | None, waitable: Waitable, bad: list[int]
@@ -330,12 +287,6 @@ class Detector:
         self._findings.deadlock_found_locked(deadlock)
         self._findings.record_locked(r, deadlock)
         return deadlock
-
-    def _interrupt_thread_locked(self, rank: int, helper: HelperSlot | None, error: BaseException) -> None:
-        if helper is None:
-            self._turns.interrupt_main_locked(rank, error)
-        else:
-            self._slots.interrupt_helper_locked(helper, error)
 
     # -- scheduled liveness -----------------------------------------------------
 
@@ -368,3 +319,20 @@ class Detector:
         for r in stuck:
             self._findings.record_locked(r, error)
             self._turns.interrupt_rank_locked(r, copy_error(error))
+
+
+def thread_waits_locked(slots: Slots, rank: int) -> list[list[int]]:
+    """What each waiting thread of ``rank`` needs, its main thread first.
+
+    A wait that any one of its ranks can end (a recv without ``src``:
+    ``needs_any``) counts as one alternative per rank, as if each were a
+    thread of its own: the rank can complete when any alternative can.
+    """
+    lists: list[list[int]] = []
+    for _, waitable in slots.waiting_threads(rank):
+        needed = list(waitable.needed_ranks())
+        if getattr(waitable, "needs_any", False) and needed:
+            lists += [[p] for p in needed]
+        else:
+            lists.append(needed)
+    return lists

@@ -27,13 +27,12 @@ from .records import (
     P2POp,
     PendingCollective,
     RankState,
-    ThreadExit,
     Waitable,
     consequence_origin,
     copy_error,
 )
 from .report import helper_lines_locked, wait_text
-from .slots import HelperSlot, Slots
+from .slots import Slots
 from .state import Aborts, Findings
 from .turns import Baton, RunToken, Turns
 from .waiting import Waiting, poll_interval
@@ -140,49 +139,6 @@ class Scheduler:
         """Scheduled: the runnable ranks that do not hold the run token."""
         with self._lock:
             return self._turns.queued_ranks_locked()
-
-    # -- helper threads (see helper_book) --------------------------------------
-
-    def add_helper(self, rank: int, name: str, daemon: bool, executor: Any = None) -> HelperSlot:
-        return self.helpers.add(rank, name, daemon, executor)
-
-    def bind_helper(self, helper: HelperSlot) -> None:
-        helper.thread_id = threading.get_ident()
-
-    def remove_helper(self, rank: int, helper: HelperSlot) -> None:
-        self.helpers.remove(rank, helper)
-
-    def join_waitable(self, rank: int, helper: HelperSlot) -> ThreadExit:
-        return self.helpers.join_waitable(rank, helper)
-
-    def helpers_waitable(self, rank: int) -> ThreadExit | None:
-        return self.helpers.helpers_waitable(rank)
-
-    def helper_woken(self, helper: HelperSlot) -> None:
-        self.helpers.woken(helper)
-
-    def live_helpers(self, rank: int) -> list[HelperSlot]:
-        return self.helpers.live(rank)
-
-    def every_live_helper(self) -> list[HelperSlot]:
-        return self.helpers.live_everywhere()
-
-    def item_queued(self, rank: int, pool: int) -> None:
-        self.helpers.item_queued(rank, pool)
-
-    def item_started(self, rank: int, pool: int, dropped: bool = False) -> HelperSlot | None:
-        return self.helpers.item_started(rank, pool, dropped)
-
-    def item_returned(self, helper: HelperSlot | None) -> None:
-        self.helpers.item_returned(helper)
-
-    def item_finished(self, helper: HelperSlot | None) -> None:
-        self.helpers.item_finished(helper)
-
-    def stop_helper(
-        self, helper: HelperSlot, error: BaseException, raise_async: Callable[[int], None]
-    ) -> None:
-        self.helpers.stop(helper, error, raise_async)
 
     # -- rank lifecycle ---------------------------------------------------------
 

@@ -9,7 +9,7 @@ no threading: the scheduler calls them under its lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 
 def cannot_complete(graph: dict[int, list[int]], running: Callable[[int], bool]) -> set[int]:
@@ -134,3 +134,37 @@ def find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
             low = cycle.index(min(cycle))
             return cycle[low:] + cycle[:low]
     return []
+
+
+def failed_roots(
+    graph: dict[int, list[int]], stuck: set[int], failed: dict[int, int | None]
+) -> dict[int, int | None]:
+    """For each stuck rank, the failed rank it waits on (transitively), if any.
+    ``failed``: each failed rank and the root failure it records."""
+    roots: dict[int, int | None] = {}
+
+    def root_of(r: int, path: set[int]) -> int | None:
+        if r in roots:
+            return roots[r]
+        path.add(r)
+        found: int | None = None
+        for p in sorted(graph[r]):
+            if p in failed:
+                found = failed[p]
+            elif p in stuck and p not in path:
+                found = root_of(p, path)
+            if found is not None:
+                break
+        path.discard(r)
+        roots[r] = found
+        return found
+
+    for r in sorted(stuck):
+        root_of(r, set())
+    return roots
+
+
+def deadlock_core(graph: dict[int, list[int]], deadlocked: set[int], gone: Container[int]) -> list[int]:
+    """The core of a deadlock: ranks on a cycle, or waiting on a rank that has
+    finished; the same whatever the timing."""
+    return sorted(r for r in deadlocked if on_cycle(graph, r, deadlocked) or any(p in gone for p in graph[r]))

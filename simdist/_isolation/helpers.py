@@ -57,7 +57,7 @@ def _start(self: threading.Thread) -> None:
             # A worker of a pool created outside this rank (the caller's, a
             # module's) is that pool's thread, not the rank's: left alone.
             return _originals["start"](self)
-    helper = scheduler.add_helper(rank, self.name, self.daemon, executor)
+    helper = scheduler.helpers.add(rank, self.name, self.daemon, executor)
     self._simdist_helper = (scheduler, rank, helper)  # type: ignore[attr-defined]  # simdist's mark on the helper thread
     body = self.run
 
@@ -66,7 +66,7 @@ def _start(self: threading.Thread) -> None:
         # inherit it, and the starter may not have restored it yet.
         self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
         identity.bind(world, rank, state, helper)
-        scheduler.bind_helper(helper)
+        helper.thread_id = threading.get_ident()
         try:
             from .. import _sanitizer  # (the room above: imported once a helper runs)
 
@@ -95,7 +95,7 @@ def _start(self: threading.Thread) -> None:
     try:
         _originals["start"](self)
     except BaseException:
-        scheduler.remove_helper(rank, helper)
+        scheduler.helpers.remove(rank, helper)
         raise
     finally:
         self._daemonic = daemon  # type: ignore[attr-defined]  # CPython's private flag behind Thread.daemon
@@ -115,7 +115,7 @@ def _helper_ended(scheduler: Scheduler, world: Any, rank: int, helper: HelperSlo
     _sanitizer.helper_ended(world, rank)  # nothing of Python's left in the thread's C++ state
     logging_locks.release_if_stopped()  # a stop may have landed just after logging took a lock
     profiler.close_left_open()  # the process's one profiling session must not stay taken
-    scheduler.remove_helper(rank, helper)
+    scheduler.helpers.remove(rank, helper)
 
 
 def forget_at_exit(thread_ids: set[int]) -> None:
@@ -135,7 +135,7 @@ def _join(self: threading.Thread, timeout: float | None = None) -> None:
         scheduler, rank, helper = info
         world, me = owner
         if world.scheduler is scheduler and me == rank and self is not threading.current_thread():
-            scheduler.wait(rank, scheduler.join_waitable(rank, helper))
+            scheduler.wait(rank, scheduler.helpers.join_waitable(rank, helper))
     return _originals["join"](self, timeout)
 
 
@@ -179,25 +179,25 @@ def _submit(
     pool = id(self)
 
     def item(*a: Any, **k: Any) -> Any:
-        started.append(scheduler.item_started(rank, pool))  # the worker's slot
+        started.append(scheduler.helpers.item_started(rank, pool))  # the worker's slot
         try:
             return fn(*a, **k)
         finally:
-            scheduler.item_returned(started[0])
+            scheduler.helpers.item_returned(started[0])
 
     def done(f: concurrent.futures.Future) -> None:
         # Runs on the worker once the result is set (a waiter on the future
         # no longer needs the rank), or on whoever cancelled it.
         if not started:
-            scheduler.item_started(rank, pool, dropped=True)
+            scheduler.helpers.item_started(rank, pool, dropped=True)
         else:
-            scheduler.item_finished(started[0])
+            scheduler.helpers.item_finished(started[0])
 
-    scheduler.item_queued(rank, pool)
+    scheduler.helpers.item_queued(rank, pool)
     try:
         future = _originals["submit"](self, item, *args, **kwargs)
     except BaseException:
-        scheduler.item_started(rank, pool, dropped=True)
+        scheduler.helpers.item_started(rank, pool, dropped=True)
         raise
     future.add_done_callback(done)
     return future
@@ -207,12 +207,12 @@ def shut_down_pools(scheduler: Scheduler, rank: int, failed: bool = False) -> No
     """As a process's exit does: executors whose workers belong to ``rank``
     stop taking work, and their idle workers leave. A rank that ``failed``
     is a process that died: its queued work items are cancelled."""
-    for helper in scheduler.live_helpers(rank):
+    for helper in scheduler.helpers.live(rank):
         executor = helper.executor() if helper.executor is not None else None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=failed)
         if helper.executor is not None:
-            scheduler.helper_woken(helper)
+            scheduler.helpers.woken(helper)
 
 
 class _FutureDone(ThreadExit):

@@ -171,21 +171,21 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     scheduler = world.scheduler
     helpers.shut_down_pools(scheduler, rank, failed=failure is not None)
     if failure is None:
-        waitable = scheduler.helpers_waitable(rank)
+        waitable = scheduler.helpers.helpers_waitable(rank)
         if waitable is not None:
             scheduler.wait(rank, waitable)
     failed = list(world.helper_failures.get(rank, ()))  # before stopping any
-    left = scheduler.live_helpers(rank)
+    left = scheduler.helpers.live(rank)
     for helper in left:
         # An idle pool worker leaves by itself now that its pool is shut down.
         if helper.thread_id is not None and not helper.idle:
-            scheduler.stop_helper(helper, SimulationError(), _raise_simulation_error)
+            scheduler.helpers.stop(helper, SimulationError(), _raise_simulation_error)
     # Never past the run's watchdog: it would interrupt this clean-up and
     # report a timeout instead of what the rank did.
     grace = min(time.monotonic() + watchdog.GRACE_S, world.deadline - _GRACE_MARGIN_S)
     while left and time.monotonic() < grace:
         time.sleep(0.005)
-        left = scheduler.live_helpers(rank)
+        left = scheduler.helpers.live(rank)
     world.helpers_ended.add(rank)
     if left:
         helpers.forget_at_exit({h.thread_id for h in left if h.thread_id is not None})

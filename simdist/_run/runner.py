@@ -7,6 +7,7 @@ stuck in plain compute past the watchdog, interrupted and then joined) before
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -69,89 +70,57 @@ def run(
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, each rank in its own thread.
 
-    Returns the per-rank results, indexed by global rank. Raises ``RankError``
-    when a rank raised (``__cause__`` is the lowest failed rank's error),
-    ``DeadlockError`` when some waiting ranks could never complete,
-    ``CollectiveMismatchError`` when members of a group called different
-    collectives (both even if every rank caught them), ``SimulationTimeout``
-    when ranks were still running after ``timeout`` seconds (a positive,
-    finite number).
+    Returns the per-rank results, indexed by global rank. Raises ``RankError`` when a rank raised
+    (``__cause__`` is the lowest failed rank's error), ``DeadlockError`` when some waiting ranks could
+    never complete, ``CollectiveMismatchError`` when members of a group called different collectives
+    (both even if every rank caught them), ``SimulationTimeout`` when ranks were still running after
+    ``timeout`` seconds (a positive, finite number).
 
-    The world is ``layout=Layout(...)`` (groups for every axis in
-    ``ctx.groups``) or a flat ``world_size=N`` (``ctx.groups.world`` only); a
-    ``world_size`` given beside a layout must agree with it. ``device`` is
-    each rank's ``ctx.device``: ``"cuda"`` without an index gives rank r GPU
-    ``r % device_count()``. ``timeout`` counts from the call (start-up
-    included). ``seed`` seeds the ``"shuffled"`` reduction model and the
-    ``"random"`` schedule unless ``schedule_seed`` is given. ``attempt`` is
-    what the body sees as ``ctx.attempt`` (``run_with_retry`` numbers its
-    attempts with it).
+    The world is ``layout=Layout(...)`` (groups for every axis in ``ctx.groups``) or a flat
+    ``world_size=N`` (``ctx.groups.world`` only); a ``world_size`` given beside a layout must agree with
+    it. ``device`` is each rank's ``ctx.device``: ``"cuda"`` without an index gives rank r GPU
+    ``r % device_count()``. ``timeout`` counts from the call (start-up included). ``seed`` seeds the
+    ``"shuffled"`` reduction model and the ``"random"`` schedule unless ``schedule_seed`` is given.
+    ``attempt`` is what the body sees as ``ctx.attempt`` (``run_with_retry`` numbers its attempts with
+    it).
 
-    ``reduction`` picks the reduction-order model ("rank", "ring", "tree",
-    "shuffled" seeded by ``seed``); ``faults`` injects a ``FaultPlan``;
-    ``trace`` writes a Chrome/Perfetto trace of every call to that path;
-    ``flight_records`` is how many recent calls per rank errors quote.
+    ``reduction`` picks the reduction-order model ("rank", "ring", "tree", "shuffled" seeded by
+    ``seed``); ``faults`` injects a ``FaultPlan``; ``trace`` writes a Chrome/Perfetto trace of every
+    call to that path; ``flight_records`` is how many recent calls per rank errors quote.
 
-    One rank runs at a time: it holds the run token until it blocks in simdist
-    (a collective, P2P or store wait) or returns; ``schedule`` picks who runs
-    next: "rank" (the lowest runnable rank), "random" (seeded by
-    ``schedule_seed``, default ``seed``), or "concurrent" (every rank at once,
-    no per-rank process state). Scheduled, each rank has its own torch,
-    ``random`` and numpy generator state and its own copy of every
-    ``rank_local`` entry (a module, its name, or an ``(object, "attr")`` pair),
-    all starting from their values at run start and put back when it ends.
-    ``args``/``kwargs`` reach each rank as its own deep copy, as with processes,
-    unless ``share_args=True`` (large read-only inputs, or deliberate sharing).
-    ``strict_call_sites=True`` makes members that meet at one sequence number
-    from different lines of code a ``CollectiveMismatchError``.
-    ``check_async=True`` (the default) runs the collective sanitizer: while a
-    rank's async collective or P2P is in flight, an operation of that rank
-    that reads its outputs or writes its buffers raises ``AsyncRaceError``
-    (docs/sanitizer.md); a Work never waited warns (``UnwaitedWorkWarning``),
-    or raises with ``strict_async=True``. ``check_group_order=True`` refuses
-    async collectives two ranks issue on two groups in opposite orders (a
-    deadlock on NCCL; always checked for groups created with backend "nccl").
-    ``cuda="emulate"`` runs CUDA-first code without a GPU: in each rank
-    ``torch.cuda`` answers as on a node of ``cuda_devices`` GPUs (default the
-    world size, at most 8), each rank's current device ``rank % cuda_devices``,
-    and tensors made or moved to ``"cuda"`` compute on the CPU while reporting
-    ``cuda:N`` (docs/cuda.md says what is emulated and what is not).
-    ``post_mortem=True`` opens pdb in a failing rank's own frame before its
-    peers are released, the world paused; ``break_at={"rank": 1, "op":
-    "all_reduce", "nth": 3}`` opens it just before that call (see
+    One rank runs at a time: it holds the run token until it blocks in simdist (a collective, P2P or
+    store wait) or returns; ``schedule`` picks who runs next: "rank" (the lowest runnable rank),
+    "random" (seeded by ``schedule_seed``, default ``seed``), or "concurrent" (every rank at once, no
+    per-rank process state). Scheduled, each rank has its own torch, ``random`` and numpy generator
+    state and its own copy of every ``rank_local`` entry (a module, its name, or an ``(object, "attr")``
+    pair), all starting from their values at run start and put back when it ends. ``args``/``kwargs``
+    reach each rank as its own deep copy, as with processes, unless ``share_args=True`` (large read-only
+    inputs, or deliberate sharing). ``strict_call_sites=True`` makes members that meet at one sequence
+    number from different lines of code a ``CollectiveMismatchError``. ``check_async=True`` (the
+    default) runs the collective sanitizer: while a rank's async collective or P2P is in flight, an
+    operation of that rank that reads its outputs or writes its buffers raises ``AsyncRaceError``
+    (docs/sanitizer.md); a Work never waited warns (``UnwaitedWorkWarning``), or raises with
+    ``strict_async=True``. ``check_group_order=True`` refuses async collectives two ranks issue on two
+    groups in opposite orders (a deadlock on NCCL; always checked for groups created with backend
+    "nccl"). ``cuda="emulate"`` runs CUDA-first code without a GPU: in each rank ``torch.cuda`` answers
+    as on a node of ``cuda_devices`` GPUs (default the world size, at most 8), each rank's current
+    device ``rank % cuda_devices``, and tensors made or moved to ``"cuda"`` compute on the CPU while
+    reporting ``cuda:N`` (docs/cuda.md says what is emulated and what is not). ``post_mortem=True``
+    opens pdb in a failing rank's own frame before its peers are released, the world paused;
+    ``break_at={"rank": 1, "op": "all_reduce", "nth": 3}`` opens it just before that call (see
     ``simdist.debug``; both default to ``simdist.debug.defaults``).
     """
     # The watchdog's clock starts now: building inputs and starting threads count.
     called_at = time.monotonic()
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    options = RunOptions(
-        layout=layout,
-        world_size=world_size,
-        device=device,
-        timeout=timeout,
-        reduction=reduction,
-        seed=seed,
-        faults=faults,
-        trace=trace,
-        flight_records=flight_records,
-        attempt=attempt,
-        schedule=schedule,
-        schedule_seed=schedule_seed,
-        rank_local=rank_local,
-        share_args=share_args,
-        strict_call_sites=strict_call_sites,
-        check_async=check_async,
-        strict_async=strict_async,
-        check_group_order=check_group_order,
-        cuda=cuda,
-        cuda_devices=cuda_devices,
-        post_mortem=post_mortem,  # debug hook
-        break_at=break_at,  # debug hook
-    )
+    # Every keyword but fn, args and kwargs is a RunOptions field of the same name.
+    given = locals()
+    options = RunOptions(**{name: given[name] for name in _OPTION_NAMES})
     return run_with_options(fn, options, args, kwargs, called_at=called_at)
 
 
+_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(RunOptions) if f.name != "caller")
 _run_counter = itertools.count(1)
 
 

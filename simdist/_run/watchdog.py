@@ -113,7 +113,7 @@ def signal(threads: list[Seat], world: World, error: SimulationError) -> None:
     idents = [t.ident for t in threads if is_alive(t) and t.ident is not None]
     # Helper threads too: a rank waits for its helpers before it ends.
     idents += [
-        h.thread_id for h in world.scheduler.every_live_helper() if h.thread_id and not h.idle
+        h.thread_id for h in world.scheduler.helpers.live_everywhere() if h.thread_id and not h.idle
     ]  # idle pool workers leave at their rank's end
     for ident in idents:
         # Interrupts Python-level loops; a thread blocked inside C code stays

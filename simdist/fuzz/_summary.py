@@ -168,27 +168,32 @@ def summary_text(
         lines += [f"  {label}: {value:.3g}" for label, value in sorted(stats.targets.items())]
     for problem in problems:
         lines.append(problem if problem.startswith("note:") else f"PROBLEM: {problem}")
-    if not stats.failures:
-        lines.append("failures: none")
-    else:
-        lines.append(f"failures: {len(stats.failures)}")
-        for i, f in enumerate(stats.failures, 1):
-            first = stats.first_failing_case_at.get(f.property)
-            when = f"first failing case after {first:.1f} s, " if first is not None else ""
-            lines.append(f"  {i}. {f.property}")
-            lines.append(f"     {f.error_type}: {_first_lines(f.error, 6)}")
-            lines.append(f"     ({when}reported after {f.found_after:.1f} s, worker {f.worker})")
-            if f.case is not None:
-                label = "shrunk case" if f.shrunk else "case (stopped before shrinking finished)"
-                lines.append(f"     {label}: {json.dumps(f.case, sort_keys=True)}")
-            if f.file:
-                lines.append(f"     written to {f.file}; replay: simdist replay {f.file}")
-            elif not f.replayable:
-                lines.append(
-                    "     (not a @simdist.fuzz.replayable property: see the report above for Hypothesis' falsifying example)"
-                )
-                lines.append("     " + _first_lines(f.report, 30).replace("\n", "\n     "))
+    lines += _failure_lines(stats)
     return "\n".join(lines)
+
+
+def _failure_lines(stats: CampaignStats) -> list[str]:
+    """Each failure: its property, error, when it was found, its case and how to replay it."""
+    if not stats.failures:
+        return ["failures: none"]
+    lines = [f"failures: {len(stats.failures)}"]
+    for i, f in enumerate(stats.failures, 1):
+        first = stats.first_failing_case_at.get(f.property)
+        when = f"first failing case after {first:.1f} s, " if first is not None else ""
+        lines.append(f"  {i}. {f.property}")
+        lines.append(f"     {f.error_type}: {_first_lines(f.error, 6)}")
+        lines.append(f"     ({when}reported after {f.found_after:.1f} s, worker {f.worker})")
+        if f.case is not None:
+            label = "shrunk case" if f.shrunk else "case (stopped before shrinking finished)"
+            lines.append(f"     {label}: {json.dumps(f.case, sort_keys=True)}")
+        if f.file:
+            lines.append(f"     written to {f.file}; replay: simdist replay {f.file}")
+        elif not f.replayable:
+            lines.append(
+                "     (not a @simdist.fuzz.replayable property: see the report above for Hypothesis' falsifying example)"
+            )
+            lines.append("     " + _first_lines(f.report, 30).replace("\n", "\n     "))
+    return lines
 
 
 def _first_lines(text: str, n: int) -> str:

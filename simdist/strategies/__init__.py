@@ -16,10 +16,10 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-from . import _mask_bytes
-from ._checks import is_int
-from .faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
-from .layout import AXES, Layout
+from .._checks import is_int
+from ..faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
+from ..layout import AXES, Layout
+from . import _masks
 
 __all__ = [
     "BF16_EXACT_INTEGERS",
@@ -238,12 +238,10 @@ def token_masks(
 # choices and gives up). A composite has a label of its own.
 @st.composite
 def _token_mask(draw: st.DrawFn, batch: int, seq_len: int, allow_empty_rows: bool) -> torch.Tensor:
-    # One drawn byte string, decoded: a case of any shape is one choice (simdist/_mask_bytes.py).
-    size = _mask_bytes.token_mask_bytes(batch, seq_len)
+    # One drawn byte string, decoded: a case of any shape is one choice (simdist/strategies/_masks.py).
+    size = _masks.token_mask_bytes(batch, seq_len)
     blob = draw(st.binary(min_size=size, max_size=size))
-    rows = _mask_bytes.decode_token_mask(
-        blob, batch=batch, seq_len=seq_len, allow_empty_rows=allow_empty_rows
-    )
+    rows = _masks.decode_token_mask(blob, batch=batch, seq_len=seq_len, allow_empty_rows=allow_empty_rows)
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -273,8 +271,8 @@ FUZZ_FAULT_KINDS: tuple[str, ...] = ("crash", "timeout", "abort", "delay")
 BF16_EXACT_INTEGERS = 256
 # A random row longer than this repeats a drawn pattern of this length; a row
 # of more tokens than this is "long": drawn for its count, mostly (nearly) full
-# (simdist/_mask_bytes.py: the kinds' shares at each length).
-_RANDOM_PATTERN = _mask_bytes.PATTERN
+# (simdist/strategies/_masks.py: the kinds' shares at each length).
+_RANDOM_PATTERN = _masks.PATTERN
 
 
 def sequence_lengths(
@@ -341,8 +339,8 @@ def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[lis
 
 @st.composite
 def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
-    blob = draw(st.binary(min_size=_mask_bytes.ROW_BYTES, max_size=_mask_bytes.ROW_BYTES))
-    return _mask_bytes.decode_row(
+    blob = draw(st.binary(min_size=_masks.ROW_BYTES, max_size=_masks.ROW_BYTES))
+    return _masks.decode_row(
         blob, 0, seq_len, long=seq_len > _RANDOM_PATTERN, fractional=fractional, scales=MASK_SCALES
     )
 
@@ -377,10 +375,10 @@ def token_distributions(
             f"got {rows_per_microbatch!r}"
         )
     slots = high_rows + (1 if remainders else 0)
-    if ranks * microbatches * slots > _mask_bytes.MAX_ROWS:
+    if ranks * microbatches * slots > _masks.MAX_ROWS:
         raise ValueError(
             f"token_distributions: ranks * microbatches * rows_per_microbatch[1] = "
-            f"{ranks * microbatches * slots} rows, more than the {_mask_bytes.MAX_ROWS} one Hypothesis case "
+            f"{ranks * microbatches * slots} rows, more than the {_masks.MAX_ROWS} one Hypothesis case "
             f"can hold{' (with remainders, a microbatch has room for one row more)' if remainders else ''}"
         )
     return _token_distributions(ranks, microbatches, seq_len, low_rows, high_rows, fractional, remainders)
@@ -398,9 +396,9 @@ def _token_distributions(
     remainders: bool,
 ) -> list[list[list[list[float]]]]:
     # One drawn byte string, decoded: the case makes one choice whatever its
-    # number of ranks, microbatches and rows (simdist/_mask_bytes.py says why).
-    size = _mask_bytes.distribution_bytes(ranks, microbatches, high_rows, remainders)
-    return _mask_bytes.decode_distribution(
+    # number of ranks, microbatches and rows (simdist/strategies/_masks.py says why).
+    size = _masks.distribution_bytes(ranks, microbatches, high_rows, remainders)
+    return _masks.decode_distribution(
         draw(st.binary(min_size=size, max_size=size)),
         ranks=ranks,
         microbatches=microbatches,
