@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT
 
 
 def load_catalogue(path: Path, name: str, search: Sequence[Path] = ()) -> ModuleType:

@@ -26,7 +26,6 @@ worlds (one with --quick). Prints, never asserts.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _harness import load_line, table
 
 try:
     import simdist
@@ -252,14 +252,6 @@ def _fmt_ratio(num: float | None, den: float | None) -> str:
     return f"{num / den:.2f}x"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
-
-
 def report(
     rows: list[Row], bandwidths: dict[int, float], cold_gloo: float | None, big_world: float | None
 ) -> None:
@@ -272,57 +264,54 @@ def report(
         print(f"first gloo world (starts the forkserver, imports torch once): {_fmt_time(cold_gloo)}")
     print()
     print("World start-up, median (simdist: run() of an empty body; gloo: a world from the warm forkserver)")
-    print(
-        _table(
-            ["ranks", "simdist", "gloo", "gloo/simdist"],
+    table(
+        ["ranks", "simdist", "gloo", "gloo/simdist"],
+        [
             [
-                [
-                    str(r.world_size),
-                    _fmt_time(r.start_sim),
-                    _fmt_time(r.start_gloo),
-                    _fmt_ratio(r.start_gloo, r.start_sim),
-                ]
-                for r in rows
-            ],
-        )
+                r.world_size,
+                _fmt_time(r.start_sim),
+                _fmt_time(r.start_gloo),
+                _fmt_ratio(r.start_gloo, r.start_sim),
+            ]
+            for r in rows
+        ],
+        align=">",
     )
     print()
     print(f"Small all_reduce ({SMALL_NUMEL} float32), per call")
-    print(
-        _table(
-            ["ranks", "handoff floor", "simdist", "simdist/floor", "gloo", "gloo/simdist"],
+    table(
+        ["ranks", "handoff floor", "simdist", "simdist/floor", "gloo", "gloo/simdist"],
+        [
             [
-                [
-                    str(r.world_size),
-                    _fmt_time(r.handoff_floor),
-                    _fmt_time(r.small_sim),
-                    _fmt_ratio(r.small_sim, r.handoff_floor),
-                    _fmt_time(r.small_gloo),
-                    _fmt_ratio(r.small_gloo, r.small_sim),
-                ]
-                for r in rows
-            ],
-        )
+                r.world_size,
+                _fmt_time(r.handoff_floor),
+                _fmt_time(r.small_sim),
+                _fmt_ratio(r.small_sim, r.handoff_floor),
+                _fmt_time(r.small_gloo),
+                _fmt_ratio(r.small_gloo, r.small_sim),
+            ]
+            for r in rows
+        ],
+        align=">",
     )
     print()
     print(
         f"Large all_reduce ({LARGE_NUMEL} float32 = {LARGE_NUMEL * FLOAT32_BYTES >> 20} MiB per rank), per call"
     )
-    print(
-        _table(
-            ["ranks", "bandwidth bound", "simdist", "simdist/bound", "gloo", "gloo/simdist"],
+    table(
+        ["ranks", "bandwidth bound", "simdist", "simdist/bound", "gloo", "gloo/simdist"],
+        [
             [
-                [
-                    str(r.world_size),
-                    _fmt_time(r.bandwidth_bound),
-                    _fmt_time(r.large_sim),
-                    _fmt_ratio(r.large_sim, r.bandwidth_bound),
-                    _fmt_time(r.large_gloo),
-                    _fmt_ratio(r.large_gloo, r.large_sim),
-                ]
-                for r in rows
-            ],
-        )
+                r.world_size,
+                _fmt_time(r.bandwidth_bound),
+                _fmt_time(r.large_sim),
+                _fmt_ratio(r.large_sim, r.bandwidth_bound),
+                _fmt_time(r.large_gloo),
+                _fmt_ratio(r.large_gloo, r.large_sim),
+            ]
+            for r in rows
+        ],
+        align=">",
     )
     if big_world is not None:
         print()
@@ -373,8 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     repeats = 1 if opts.quick else 3
 
     print(
-        f"torch {torch.__version__}, {os.cpu_count()} cores, {torch.get_num_threads()} intra-op threads "
-        f"in this process, load average {os.getloadavg()[0]:.2f} (figures are noisy when others run)"
+        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads in this process, "
+        f"{load_line('at the start')} (figures are noisy when others run)"
     )
     rows = [Row(world_size=n) for n in sizes]
     bandwidths: dict[int, float] = {}
@@ -411,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(repeats)
     )
     report(rows, bandwidths, cold_gloo, big_world)
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print(load_line("at the end"))
 
 
 if __name__ == "__main__":

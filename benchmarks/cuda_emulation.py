@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
+from contextlib import ExitStack
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, alternate, child_json, exported, load_line, table
 
 
 def _child(variant: str, worlds: list[int], calls: int, runs: int) -> None:
@@ -106,22 +101,6 @@ def _do_nothing_layers() -> tuple[type, type, type]:
     return Reported, Factories, Below
 
 
-def _export(rev: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="simdist-before-"))
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    return folder
-
-
-def _measure(tree: Path, variant: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", variant]
-    command += ["--worlds", args.worlds, "--calls", str(args.calls), "--runs", str(args.runs)]
-    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=True)
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -137,40 +116,32 @@ def main() -> None:
     if args.child is not None:
         _child(args.child, worlds, args.calls, args.runs)
         return
-    print(f"load average before: {os.getloadavg()}")
-    variants: list[tuple[str, Path, str]] = [
-        ("cpu", ROOT, "cpu"),
-        ("emulated", ROOT, "emulated"),
-        ("do-nothing layers", ROOT, "layers"),
-    ]
-    before = _export(args.before) if args.before else None
-    if before is not None:
-        variants.append((f"cpu @ {args.before}", before, "cpu"))
-        variants.append((f"emulated @ {args.before}", before, "emulated"))
-    samples: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
-    try:
-        for round_ in range(args.rounds):
-            order = variants if round_ % 2 == 0 else list(reversed(variants))
-            for name, tree, variant in order:
-                samples[name].append(_measure(tree, variant, args))
-    finally:
-        if before is not None:
-            shutil.rmtree(before, ignore_errors=True)
-    print(f"load average after: {os.getloadavg()}")
-    print(
-        f"{'world':>5}  {'variant':<22} {'wall/call':>10} {'cpu/call':>10} {'wall x cpu':>10} {'cpu x cpu':>10}"
-    )
+    print(load_line("at the start"))
+    kinds = {"cpu": (ROOT, "cpu"), "emulated": (ROOT, "emulated"), "do-nothing layers": (ROOT, "layers")}
+    with ExitStack() as stack:
+        if args.before:
+            before = stack.enter_context(exported(args.before))
+            kinds[f"cpu @ {args.before}"] = (before, "cpu")
+            kinds[f"emulated @ {args.before}"] = (before, "emulated")
+
+        def measure(name: str) -> dict[str, Any]:
+            tree, variant = kinds[name]
+            child = ["--child", variant, "--worlds", args.worlds, "--calls", args.calls, "--runs", args.runs]
+            return child_json(__file__, child, path=[tree])
+
+        samples = alternate(list(kinds), args.rounds, measure)
+    print(load_line("at the end"))
+    rows = []
     for world in worlds:
         key = str(world)
         base_wall = statistics.median(s[key]["wall"] for s in samples["cpu"])
         base_cpu = statistics.median(s[key]["cpu"] for s in samples["cpu"])
-        for name, _, _ in variants:
+        for name in kinds:
             wall = statistics.median(s[key]["wall"] for s in samples[name])
             cpu = statistics.median(s[key]["cpu"] for s in samples[name])
-            print(
-                f"{world:>5}  {name:<22} {wall * 1e6:>8.0f}us {cpu * 1e6:>8.0f}us "
-                f"{wall / base_wall:>9.2f}x {cpu / base_cpu:>9.2f}x"
-            )
+            ratios = f"{wall / base_wall:.2f}x", f"{cpu / base_cpu:.2f}x"
+            rows.append([world, name, f"{wall * 1e6:.0f}us", f"{cpu * 1e6:.0f}us", *ratios])
+    table(["world", "variant", "wall/call", "cpu/call", "wall x cpu", "cpu x cpu"], rows, align="><>")
 
 
 if __name__ == "__main__":

@@ -40,17 +40,16 @@ import argparse
 import cProfile
 import gc
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _harness import ROOT, ChildFailed, child_json, exported, table
 
 # --------------------------------------------------------------------------- #
 # Counting, in the child process.
@@ -337,17 +336,10 @@ def measure(root: Path, kind: str, *args: object, timeout: float) -> dict[str, A
     """Every mode of one case against the simdist under ``root``, merged."""
     merged: dict[str, Any] = {}
     for mode in MODES:
-        env = dict(os.environ, PYTHONPATH=str(root))
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, mode, *map(str, args)]
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"{mode}: over {timeout:g} s"}
-        line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("{")), None)
-        if line is None:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"error": f"{mode}: {tail}"}
-        merged.update(json.loads(line))
+            merged.update(child_json(__file__, ["--child", kind, mode, *args], path=[root], timeout=timeout))
+        except ChildFailed as exc:
+            return {"error": f"{mode}: {exc}"}
     return merged
 
 
@@ -367,15 +359,6 @@ def cells(r: dict[str, Any]) -> list[str]:
         f"{_n(swap)} (+{_n(r.get('swap.fingerprint', 0))} fp)",
         f"{_n(r.get('walk.exact', 0))} / {_n(r.get('walk.graph', 0))}",
     ]
-
-
-def table(headers: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    print()
 
 
 def cases(quick: bool) -> list[tuple[str, str, tuple[object, ...]]]:
@@ -408,21 +391,20 @@ def main() -> None:
     if opts.child:
         print(json.dumps(child(*opts.child)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from scale import export  # the same export as scale.py's --before
-
-    roots = {"now": ROOT}
-    if opts.before:
-        roots[f"before ({opts.before})"] = export(opts.before)
     headers = ["case, simdist", "calls", "lines", "wake-ups", "swap objects", "walks exact / graphs"]
     print("Engine work per collective call (whole run for an empty world), counted; deterministic\n")
-    rows = []
-    for label, kind, args in cases(opts.quick):
-        if opts.only and not any(text in label for text in opts.only.split("|")):
-            continue
-        for name, root in roots.items():
-            rows.append([f"{label}, {name}", *cells(measure(root, kind, *args, timeout=900))])
+    with ExitStack() as stack:
+        roots = {"now": ROOT}
+        if opts.before:
+            roots[f"before ({opts.before})"] = stack.enter_context(exported(opts.before, "simdist"))
+        rows = []
+        for label, kind, args in cases(opts.quick):
+            if opts.only and not any(text in label for text in opts.only.split("|")):
+                continue
+            for name, root in roots.items():
+                rows.append([f"{label}, {name}", *cells(measure(root, kind, *args, timeout=900))])
     table(headers, rows)
+    print()
 
 
 if __name__ == "__main__":

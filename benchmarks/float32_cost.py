@@ -24,9 +24,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, table
+
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
 
 
@@ -119,9 +119,9 @@ def main() -> int:
         )
         + f", max {apart[-1]:.2f}"
     )
-    print(f"\nworst {min(args.show, len(rows))}:   ratio      mono     split       s-m    shadow")
-    for ratio, mono, split, apart, cost in rows[: args.show]:
-        print(f"              {ratio:6.2f}  {mono:8.2e}  {split:8.2e}  {apart:8.2e}  {cost:8.2e}")
+    print(f"\nworst {min(args.show, len(rows))}:")
+    worst = [[f"{row[0]:.2f}", *(f"{x:.2e}" for x in row[1:])] for row in rows[: args.show]]
+    table(["ratio", "mono", "split", "s-m", "shadow"], worst, align=">")
     return 0
 
 

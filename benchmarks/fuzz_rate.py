@@ -52,7 +52,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, ChildFailed, alternate, child_json, exported, load_line
+
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support")]
 
 import torch  # noqa: E402
@@ -135,18 +136,16 @@ def campaign(budget: float, workers: int, root: Path = ROOT, label: str = "") ->
 
 def campaigns_before_after(budget: float, workers: int, rev: str, rounds: int) -> None:
     """The default campaign now and as of ``rev``, alternating, ``rounds`` each."""
-    from scale import export  # the same export as scale.py's --before
-
-    before = export(rev, ())
-    rates: dict[str, list[float]] = {"now": [], rev: []}
-    for _ in range(rounds):
-        rates["now"].append(campaign(budget, workers, label=" (now)"))
-        rates[rev].append(campaign(budget, workers, before, label=f" ({rev})"))
+    with exported(rev) as before:
+        trees = {"now": ROOT, rev: before}
+        rates = alternate(
+            list(trees), rounds, lambda name: campaign(budget, workers, trees[name], label=f" ({name})")
+        )
     now, old = statistics.median(rates["now"]), statistics.median(rates[rev])
     print(
         f"   median of {rounds}: now {now:.1f} cases/s, {rev} {old:.1f} cases/s: now/{rev} = {now / old:.2f}x "
         f"(spread now {min(rates['now']):.1f}-{max(rates['now']):.1f}, {rev} {min(rates[rev]):.1f}-{max(rates[rev]):.1f}); "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"{load_line('at the end')}"
     )
 
 
@@ -215,24 +214,12 @@ def gloo_preloaded(reps: int) -> dict[str, list[float]]:
     """``time_gloo`` for every layout, in a subprocess whose forkserver imported the test modules first."""
     # The forkserver imports its preload list with the sys.path it starts
     # with (PYTHONPATH), not the caller's, and skips what it cannot import.
-    env = dict(os.environ)
-    folders = [str(ROOT / "tests" / "fuzz"), str(ROOT / "tests" / "support"), str(ROOT)]
-    env["PYTHONPATH"] = os.pathsep.join(
-        folders + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    )
-    out = subprocess.run(
-        [sys.executable, __file__, "--gloo-preloaded-worker", "--reps", str(reps)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        print(f"   (preloaded gloo worker failed: {out.stderr[-500:]})")
+    folders = [ROOT / "tests" / "fuzz", ROOT / "tests" / "support", ROOT]
+    try:
+        return child_json(__file__, ["--gloo-preloaded-worker", "--reps", reps], path=folders)
+    except ChildFailed as exc:
+        print(f"   (preloaded gloo worker failed: {exc.stderr[-500:]})")
         return {}
-    return json.loads(lines[-1])
 
 
 def _gloo_preloaded_worker(reps: int) -> None:
@@ -410,7 +397,7 @@ def main() -> int:
         return 0
     torch.set_num_threads(args.threads)
     print(
-        f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{load_line('at the start')}, torch {torch.__version__}, "
         f"simdist side {torch.get_num_threads()} intra-op thread(s)"
     )
     if args.before:

@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _harness import load_line, table
+
 HERE = Path(__file__).resolve().parent
 
 FILES = (
@@ -234,9 +236,7 @@ def _short(nodeid: str) -> str:
 
 def report(runs: list[FileRun]) -> dict[str, object]:
     print()
-    header = f"{'file':<44} {'tests':>5} {'sd pass':>7} {'sd fail':>7} {'sd skip':>7} {'nat run':>7} {'nat pass':>8} {'lost':>4}"
-    print(header)
-    print("-" * len(header))
+    rows: list[list[object]] = []
     totals = {"native_pass": 0, "both_pass": 0, "lost": 0}
     differences: list[tuple[str, str, Result, Result]] = []
     unconfirmed = 0
@@ -261,9 +261,9 @@ def report(runs: list[FileRun]) -> dict[str, object]:
                 differences.append((run.path, t, s, n))
         totals["lost"] += lost
         name = run.path.replace("test/distributed/", "")
-        print(
-            f"{name:<44} {len(sd):>5} {sd_pass:>7} {sd_fail:>7} {sd_skip:>7} {len(run.native):>7} {nat_pass:>8} {lost:>4}"
-        )
+        rows.append([name, len(sd), sd_pass, sd_fail, sd_skip, len(run.native), nat_pass, lost])
+    headers = ["file", "tests", "sd pass", "sd fail", "sd skip", "nat run", "nat pass", "lost"]
+    table(headers, rows, align="<>")
     share = totals["both_pass"] / totals["native_pass"] if totals["native_pass"] else 0.0
     print()
     print(
@@ -322,9 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         parser.error(f"--src {args.src} lacks {', '.join(missing)}")
     sample = None if args.native == "all" else int(args.native)
-    print(
-        f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start"
-    )
+    print(f"torch {torch.__version__}, {load_line('at the start')}")
     runs: list[FileRun] = []
     for rel in files:
         run = FileRun(rel)
@@ -350,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         runs.append(run)
     summary = report(runs)
-    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+    print(f"\n{load_line('at the end')}")
     if args.json:
         data = {
             "torch": torch.__version__,

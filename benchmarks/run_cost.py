@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, ChildFailed, alternate, child_json, exported, load_line, table
 
 
 def _child(runs: int, worlds: list[int]) -> None:
@@ -59,30 +55,11 @@ def _child(runs: int, worlds: list[int]) -> None:
     print(json.dumps(out))
 
 
-def _export(rev: str) -> Path:
-    """``simdist/`` as of ``rev`` (scale.py's export, as the other ``--before`` benchmarks use)."""
-    from scale import export
-
-    try:
-        return export(rev)
-    except subprocess.CalledProcessError as exc:
-        detail = exc.stderr.decode(errors="replace").strip()
-        raise SystemExit(f"--before {rev}: git archive failed: {detail}") from None
-
-
 def _measure(label: str, tree: Path, runs: int, worlds: list[int]) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", str(runs), ",".join(map(str, worlds))],
-        env=env,
-        cwd=tempfile.gettempdir(),  # never this checkout's simdist by the working directory
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the child for {label} failed:\n{done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        result = child_json(__file__, ["--child", runs, ",".join(map(str, worlds))], path=[tree], timeout=600)
+    except ChildFailed as exc:
+        raise SystemExit(f"the child for {label} failed:\n{(exc.stderr or str(exc))[-2000:]}") from None
     if Path(result["simdist"]).resolve() != tree.resolve():
         raise SystemExit(f"the child for {label} imported another simdist than its own tree's")
     return result
@@ -120,33 +97,33 @@ def main() -> None:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     now_label = f"now ({head.stdout.strip() or 'this checkout'})"
     print(
-        f"empty simdist.run, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start; "
-        f"{opts.rounds} rounds x {opts.runs} runs per world"
+        f"empty simdist.run; {load_line('at the start')}; {opts.rounds} rounds x {opts.runs} runs per world"
     )
-    before_tree = _export(opts.before)
-    try:
+    with exported(opts.before, "simdist") as before_tree:
         trees = {now_label: ROOT, opts.before: before_tree}
-        results: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
-        for r in range(opts.rounds):
-            order = list(trees) if r % 2 == 0 else list(reversed(trees))
-            for label in order:
-                results[label].append(_measure(label, trees[label], opts.runs, worlds))
-            print(f"  round {r + 1} of {opts.rounds} done", file=sys.stderr)
-    finally:
-        shutil.rmtree(before_tree, ignore_errors=True)
+        results = alternate(
+            list(trees), opts.rounds, lambda label: _measure(label, trees[label], opts.runs, worlds)
+        )
     print()
-    print(f"| world | wall, {opts.before} | wall, now | ratio | CPU, {opts.before} | CPU, now | ratio |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for world in worlds:
         key = str(world)
         w0 = statistics.median(x[key]["wall"] for x in results[opts.before])
         w1 = statistics.median(x[key]["wall"] for x in results[now_label])
         c0 = statistics.median(x[key]["cpu"] for x in results[opts.before])
         c1 = statistics.median(x[key]["cpu"] for x in results[now_label])
-        print(
-            f"| {world} | {_fmt(w0)} | {_fmt(w1)} | {w1 / w0:.2f}x | {_fmt(c0)} | {_fmt(c1)} | {c1 / c0:.2f}x |"
-        )
-    print(f"\n{now_label}; ratio: now / {opts.before}. Load average at the end {os.getloadavg()[0]:.2f}.")
+        rows.append([world, _fmt(w0), _fmt(w1), f"{w1 / w0:.2f}x", _fmt(c0), _fmt(c1), f"{c1 / c0:.2f}x"])
+    headers = [
+        "world",
+        f"wall, {opts.before}",
+        "wall, now",
+        "ratio",
+        f"CPU, {opts.before}",
+        "CPU, now",
+        "ratio",
+    ]
+    table(headers, rows, markdown=True)
+    print(f"\n{now_label}; ratio: now / {opts.before}. {load_line('at the end')}.")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ never asserts.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _harness import load_line
 
 try:
     import simdist
@@ -191,13 +191,6 @@ def calls_per_unit(work: Workload, check: bool) -> float:
     return (counts[1] - counts[0]) / ((long - short) * work.per_loop)
 
 
-def load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
     if not args.counts_only:
-        print(f"load average before: {load()}  (1, 5, 15 min; times under load are noise, counts are not)")
+        print(f"{load_line('at the start')}  (times under load are noise, counts are not)")
     print(
         f"{'workload':34} {'ranks':>31} {'off':>10} {'on':>10} {'on/off':>7}"
         f" {'calls off':>10} {'calls on':>9}  unit"
@@ -230,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             f" {counts[0]:10.1f} {counts[1]:9.1f}  {work.unit}"
         )
     if not args.counts_only:
-        print(f"load average after:  {load()}")
+        print(load_line("at the end"))
 
 
 if __name__ == "__main__":

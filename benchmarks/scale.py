@@ -35,20 +35,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tarfile
-import tempfile
 import threading
 import time
 import timeit
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _harness import ROOT, ChildFailed, child_json, exported, load_line, table
 
 # --------------------------------------------------------------------------- #
 # Child side: one measurement per process, printed as one JSON line.
@@ -394,34 +389,10 @@ CHILDREN = {
 
 def measure(root: Path, kind: str, *args: int, timeout: float) -> dict[str, Any]:
     """Run one child measurement against the simdist found under ``root``."""
-    env = dict(os.environ, PYTHONPATH=str(root))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, *map(str, args)]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout:g} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": tail}
-
-
-def export(rev: str, paths: tuple[str, ...] = ("simdist",)) -> Path:
-    """``paths`` of the checkout as of ``rev`` (all of it for ``()``), in a temporary folder."""
-    folder = Path(tempfile.mkdtemp(prefix="simdist-before-"))
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", rev, *paths], capture_output=True, check=True
-        ).stdout
-        archive_path = folder / "src.tar"
-        archive_path.write_bytes(archive)
-        with tarfile.open(archive_path) as tar:
-            tar.extractall(folder)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)  # an unknown revision leaves nothing behind
-        raise
-    return folder
+        return child_json(__file__, ["--child", kind, *args], path=[root], timeout=timeout)
+    except ChildFailed as exc:
+        return {"error": str(exc)}
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -440,15 +411,6 @@ def value(result: dict[str, Any], key: str, fmt: Any = fmt_time) -> str:
     return fmt(result[key])
 
 
-def table(headers: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    print()
-
-
 def _vs_threaded_row(label: str, r: dict[str, Any]) -> list[str]:
     if "error" in r:
         return [label, f"({r['error']})", "", ""]
@@ -465,7 +427,7 @@ def focus(roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: 
     """The engine's targets: each figure against the threaded PG measured in
     the same process, alternating; "now" and "before" alternate per world size."""
     headers = ["world, simdist", "simdist", "threaded PG", "simdist / threaded"]
-    print(f"Empty world, start + teardown (whole simdist.run), median of {repeats * 3} alternating")
+    print(f"\nEmpty world, start + teardown (whole simdist.run), median of {repeats * 3} alternating")
     rows = []
     for n in (8, 64):
         for name, root in roots.items():
@@ -477,15 +439,134 @@ def focus(roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: 
                     fmt_time(r["threaded_cpu"]),
                     f"{r['simdist_cpu'] / r['threaded_cpu']:.2f}x",
                 ]
-            rows.append(row + [""] * (7 - len(row)))
+            rows.append(row)
     table(headers + ["simdist CPU", "threaded CPU", "CPU ratio"], rows)
-    print(f"Small all_reduce (8 float32) per call, slowest rank, median of {repeats} alternating")
+    print(f"\nSmall all_reduce (8 float32) per call, slowest rank, median of {repeats} alternating")
     rows = []
     for n in (2, 4, 8, 16):
         for name, root in roots.items():
             r = measure(root, "vs_threaded", n, iters // 2, repeats, timeout=limit[name] + 300)
             rows.append(_vs_threaded_row(f"{n} ranks, {name}", r))
     table(headers, rows)
+
+
+def every_table(
+    roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: int, no_4096: bool
+) -> None:
+    """Every figure but ``--focus``'s, a table each, "now" and "before" per row or column."""
+    print("\nStart-up and one step (tp all_reduce, dp all_reduce, pp send/recv), whole simdist.run")
+    rows = []
+    for tp, dp, pp in [(8, 16, 8)] + ([] if no_4096 else [(8, 64, 8)]):
+        row = [f"{tp * dp * pp} ranks, Layout(tp={tp}, dp={dp}, pp={pp})"]
+        for name, root in roots.items():
+            if name == "before" and tp * dp * pp > 1024:
+                row.append("(not run: quadratic start-up, minutes)")
+                continue
+            r = measure(root, "step", tp, dp, pp, timeout=limit[name])
+            row.append(value(r, "seconds") + ("" if r.get("correct", True) else " WRONG RESULTS"))
+        rows.append(row)
+    table(["world"] + list(roots), rows)
+
+    print(
+        "\nA tp=2 all_reduce per call (ranks 0 and 1 loop; every other rank waits in a barrier), "
+        f"median of {repeats} interleaved"
+    )
+    rows = []
+    for name, root in roots.items():
+        r = measure(root, "group_size", 8, 1024, iters, repeats, timeout=limit[name] * repeats)
+        if "error" in r:
+            rows.append([name, f"({r['error']})", "", ""])
+        else:
+            spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
+            rows.append(
+                [
+                    name,
+                    fmt_time(r["small"]),
+                    fmt_time(r["large"]),
+                    f"{r['large'] / r['small']:.2f}x (per repeat {spread})",
+                ]
+            )
+    table(["simdist", "world 8", "world 1024", "1024 / 8"], rows)
+
+    print("\nnew_group called by a rank that is not a member (c10d default: every rank calls it), per call")
+    rows = []
+    for world in (8, 1024):
+        row = [str(world)]
+        for name, root in roots.items():
+            row.append(
+                value(
+                    measure(root, "new_group", world, 200, 5000, timeout=limit[name]), "per_call_non_member"
+                )
+            )
+        rows.append(row)
+    table(["world"] + list(roots), rows)
+    print("\nMegatron-style: every rank creates every tp, dp and pp group (whole simdist.run)")
+    rows = []
+    for tp, dp, pp in [(2, 2, 2), (8, 16, 8)]:
+        row = [f"Layout(tp={tp}, dp={dp}, pp={pp})"]
+        for name, root in roots.items():
+            r = measure(root, "megatron", tp, dp, pp, timeout=limit[name])
+            cell = value(r, "seconds")
+            if "error" not in r:
+                cell += f" ({r['calls']} calls, {fmt_time(r['seconds'] / r['calls'])}/call)"
+                cell += "" if r["correct"] else " WRONG GROUPS"
+            row.append(cell)
+        rows.append(row)
+    table(["layout"] + list(roots), rows)
+
+    print("\nResident memory per idle rank (every rank waiting in a barrier), against 8 ranks")
+    rows = []
+    base = {n: measure(root, "rss", 2, 2, 2, timeout=limit[n]) for n, root in roots.items()}
+    for tp, dp, pp in [(8, 16, 8)] + ([] if no_4096 else [(8, 64, 8)]):
+        row = [f"{tp * dp * pp} ranks"]
+        for name, root in roots.items():
+            if name == "before" and tp * dp * pp > 1024:
+                row.append("(not run)")
+                continue
+            r = measure(root, "rss", tp, dp, pp, timeout=limit[name])
+            if "error" in r or "error" in base[name]:
+                row.append(f"({r.get('error') or base[name].get('error')})")
+            else:
+                extra = (r["rss_delta"] - base[name]["rss_delta"]) / (r["world"] - base[name]["world"])
+                row.append(f"{extra / 1024:.0f} KiB")
+        rows.append(row)
+    table(["world"] + list(roots), rows)
+
+    print(
+        "\nSmall all_reduce (8 float32) on 8 ranks: simdist vs torch's threaded test PG, "
+        f"median of {repeats} interleaved"
+    )
+    rows = []
+    for name, root in roots.items():
+        r = measure(root, "vs_threaded", 8, iters // 2, repeats, timeout=limit[name] + 300)
+        if "error" in r:
+            rows.append([name, f"({r['error']})", "", ""])
+        else:
+            spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
+            rows.append(
+                [
+                    name,
+                    fmt_time(r["simdist"]),
+                    fmt_time(r["threaded"]),
+                    f"{r['simdist'] / r['threaded']:.2f}x (per repeat {spread})",
+                ]
+            )
+    table(["simdist", "simdist", "threaded PG", "simdist / threaded"], rows)
+
+    print("\nOne state swap at a run-token switch (RankStates.switch_to, 8 ranks)")
+    rows = []
+    for name, root in roots.items():
+        r = measure(root, "switch", timeout=limit[name])
+        rows.append([name, value(r, "idle"), value(r, "drawing"), value(r, "module_100_globals")])
+    table(
+        [
+            "simdist",
+            "no rank draws",
+            "every rank draws (torch, random)",
+            "+ rank_local module of 100 globals",
+        ],
+        rows,
+    )
 
 
 def main() -> None:
@@ -515,130 +596,17 @@ def main() -> None:
 
     iters = 200 if opts.quick else 1000
     repeats = 3 if opts.quick else 7
-    roots = {"now": ROOT}
-    if opts.before:
-        roots["before"] = export(opts.before)
     limit = {"now": 900.0, "before": opts.before_timeout}
-    print(f"simdist scale benchmark; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start\n")
-    if opts.focus:
-        focus(roots, limit, iters, repeats)
-        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-        return
-
-    print("Start-up and one step (tp all_reduce, dp all_reduce, pp send/recv), whole simdist.run")
-    rows = []
-    for tp, dp, pp in [(8, 16, 8)] + ([] if opts.no_4096 else [(8, 64, 8)]):
-        row = [f"{tp * dp * pp} ranks, Layout(tp={tp}, dp={dp}, pp={pp})"]
-        for name, root in roots.items():
-            if name == "before" and tp * dp * pp > 1024:
-                row.append("(not run: quadratic start-up, minutes)")
-                continue
-            r = measure(root, "step", tp, dp, pp, timeout=limit[name])
-            row.append(value(r, "seconds") + ("" if r.get("correct", True) else " WRONG RESULTS"))
-        rows.append(row)
-    table(["world"] + list(roots), rows)
-
-    print(
-        "A tp=2 all_reduce per call (ranks 0 and 1 loop; every other rank waits in a barrier), "
-        f"median of {repeats} interleaved"
-    )
-    rows = []
-    for name, root in roots.items():
-        r = measure(root, "group_size", 8, 1024, iters, repeats, timeout=limit[name] * repeats)
-        if "error" in r:
-            rows.append([name, f"({r['error']})", "", ""])
+    print(f"simdist scale benchmark; {load_line('at the start')}")
+    with ExitStack() as stack:
+        roots = {"now": ROOT}
+        if opts.before:
+            roots["before"] = stack.enter_context(exported(opts.before, "simdist"))
+        if opts.focus:
+            focus(roots, limit, iters, repeats)
         else:
-            spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            rows.append(
-                [
-                    name,
-                    fmt_time(r["small"]),
-                    fmt_time(r["large"]),
-                    f"{r['large'] / r['small']:.2f}x (per repeat {spread})",
-                ]
-            )
-    table(["simdist", "world 8", "world 1024", "1024 / 8"], rows)
-
-    print("new_group called by a rank that is not a member (c10d default: every rank calls it), per call")
-    rows = []
-    for world in (8, 1024):
-        row = [str(world)]
-        for name, root in roots.items():
-            row.append(
-                value(
-                    measure(root, "new_group", world, 200, 5000, timeout=limit[name]), "per_call_non_member"
-                )
-            )
-        rows.append(row)
-    table(["world"] + list(roots), rows)
-    print("Megatron-style: every rank creates every tp, dp and pp group (whole simdist.run)")
-    rows = []
-    for tp, dp, pp in [(2, 2, 2), (8, 16, 8)]:
-        row = [f"Layout(tp={tp}, dp={dp}, pp={pp})"]
-        for name, root in roots.items():
-            r = measure(root, "megatron", tp, dp, pp, timeout=limit[name])
-            cell = value(r, "seconds")
-            if "error" not in r:
-                cell += f" ({r['calls']} calls, {fmt_time(r['seconds'] / r['calls'])}/call)"
-                cell += "" if r["correct"] else " WRONG GROUPS"
-            row.append(cell)
-        rows.append(row)
-    table(["layout"] + list(roots), rows)
-
-    print("Resident memory per idle rank (every rank waiting in a barrier), against 8 ranks")
-    rows = []
-    base = {n: measure(root, "rss", 2, 2, 2, timeout=limit[n]) for n, root in roots.items()}
-    for tp, dp, pp in [(8, 16, 8)] + ([] if opts.no_4096 else [(8, 64, 8)]):
-        row = [f"{tp * dp * pp} ranks"]
-        for name, root in roots.items():
-            if name == "before" and tp * dp * pp > 1024:
-                row.append("(not run)")
-                continue
-            r = measure(root, "rss", tp, dp, pp, timeout=limit[name])
-            if "error" in r or "error" in base[name]:
-                row.append(f"({r.get('error') or base[name].get('error')})")
-            else:
-                extra = (r["rss_delta"] - base[name]["rss_delta"]) / (r["world"] - base[name]["world"])
-                row.append(f"{extra / 1024:.0f} KiB")
-        rows.append(row)
-    table(["world"] + list(roots), rows)
-
-    print(
-        "Small all_reduce (8 float32) on 8 ranks: simdist vs torch's threaded test PG, "
-        f"median of {repeats} interleaved"
-    )
-    rows = []
-    for name, root in roots.items():
-        r = measure(root, "vs_threaded", 8, iters // 2, repeats, timeout=limit[name] + 300)
-        if "error" in r:
-            rows.append([name, f"({r['error']})", "", ""])
-        else:
-            spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            rows.append(
-                [
-                    name,
-                    fmt_time(r["simdist"]),
-                    fmt_time(r["threaded"]),
-                    f"{r['simdist'] / r['threaded']:.2f}x (per repeat {spread})",
-                ]
-            )
-    table(["simdist", "simdist", "threaded PG", "simdist / threaded"], rows)
-
-    print("One state swap at a run-token switch (RankStates.switch_to, 8 ranks)")
-    rows = []
-    for name, root in roots.items():
-        r = measure(root, "switch", timeout=limit[name])
-        rows.append([name, value(r, "idle"), value(r, "drawing"), value(r, "module_100_globals")])
-    table(
-        [
-            "simdist",
-            "no rank draws",
-            "every rank draws (torch, random)",
-            "+ rank_local module of 100 globals",
-        ],
-        rows,
-    )
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+            every_table(roots, limit, iters, repeats, opts.no_4096)
+    print(f"\n{load_line('at the end')}")
 
 
 if __name__ == "__main__":

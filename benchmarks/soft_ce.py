@@ -30,15 +30,14 @@ naive at V=131072, time <= 1.2x naive).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import resource
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _harness import ROOT, ChildFailed, alternate, child_json, table
+
 MIB = 1024.0 * 1024.0
 
 
@@ -136,7 +135,7 @@ def worker(
 
     if threads > 0:
         torch.set_num_threads(threads)
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(ROOT))
     student, teacher, mask = build_inputs(tokens, vocab, getattr(torch, dtype_name))
     inplace = variant.endswith("-inplace")
     pristine = student.detach().clone() if inplace else None  # an input like the others: in the baseline
@@ -194,30 +193,15 @@ def worker(
 def run_variant(
     variant: str, tokens: int, vocab: int, dtype: str, repeats: int, threads: int
 ) -> dict[str, float]:
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        variant,
-        "--tokens",
-        str(tokens),
-        "--vocab",
-        str(vocab),
-        "--dtype",
-        dtype,
-        "--repeats",
-        str(repeats),
-        "--threads",
-        str(threads),
-    ]
+    args = ["--worker", variant, "--tokens", tokens, "--vocab", vocab, "--dtype", dtype]
+    args += ["--repeats", repeats, "--threads", threads]
     # A fixed mmap threshold makes glibc return every large block to the
     # kernel when it is freed, so the resident set follows live tensors
     # instead of whatever the heap happened to keep.
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
-    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if completed.returncode != 0:
-        raise SystemExit(f"variant {variant} (T={tokens}, V={vocab}) failed:\n{completed.stderr}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    try:
+        return child_json(__file__, args, extra_env={"MALLOC_MMAP_THRESHOLD_": "131072"})
+    except ChildFailed as exc:
+        raise SystemExit(f"variant {variant} (T={tokens}, V={vocab}) failed:\n{exc.stderr}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,28 +239,53 @@ def main(argv: list[str] | None = None) -> int:
     for vocab in args.vocab:
         # Variants take turns, round after round, so that load from other
         # processes on the machine falls on all of them; the fastest run counts.
-        results: dict[str, dict[str, float]] = {}
-        for _ in range(args.rounds):
-            for variant in variants:
-                result = run_variant(variant, args.tokens, vocab, args.dtype, args.repeats, args.threads)
-                best = results.setdefault(variant, result)
-                best["seconds"] = min(best["seconds"], result["seconds"])
-                best["peak_extra_bytes"] = min(best["peak_extra_bytes"], result["peak_extra_bytes"])
+        run = functools.partial(
+            run_variant,
+            tokens=args.tokens,
+            vocab=vocab,
+            dtype=args.dtype,
+            repeats=args.repeats,
+            threads=args.threads,
+        )
+        samples = alternate(variants, args.rounds, run)
+        results = {
+            variant: {
+                **runs[0],
+                "seconds": min(r["seconds"] for r in runs),
+                "peak_extra_bytes": min(r["peak_extra_bytes"] for r in runs),
+            }
+            for variant, runs in samples.items()
+        }
         naive = results["naive"]
         print(f"\nV={vocab}")
-        print(
-            f"  {'variant':<20} {'time s':>8} {'x naive':>8} {'extra MiB':>10} {'x naive':>8} "
-            f"{'extra w/o grad MiB':>19} {'x naive':>8} {'loss':>14}"
-        )
+        rows = []
         for variant, result in results.items():
             extra = result["peak_extra_bytes"]
             without_grad = extra - result["grad_bytes"]
             naive_without_grad = naive["peak_extra_bytes"] - naive["grad_bytes"]
-            print(
-                f"  {variant:<20} {result['seconds']:8.3f} {result['seconds'] / naive['seconds']:8.3f} "
-                f"{extra / MIB:10.0f} {extra / naive['peak_extra_bytes']:8.3f} "
-                f"{without_grad / MIB:19.0f} {without_grad / naive_without_grad:8.3f} {result['loss']:14.6g}"
+            rows.append(
+                [
+                    variant,
+                    f"{result['seconds']:.3f}",
+                    f"{result['seconds'] / naive['seconds']:.3f}",
+                    f"{extra / MIB:.0f}",
+                    f"{extra / naive['peak_extra_bytes']:.3f}",
+                    f"{without_grad / MIB:.0f}",
+                    f"{without_grad / naive_without_grad:.3f}",
+                    f"{result['loss']:.6g}",
+                ]
             )
+        headers = [
+            "variant",
+            "time s",
+            "x naive",
+            "extra MiB",
+            "x naive",
+            "extra w/o grad MiB",
+            "x naive",
+            "loss",
+        ]
+        table(headers, rows, align="<>")
         share = naive["grad_bytes"] / naive["peak_extra_bytes"]
         print(
             f"  (a fresh {args.dtype} [T, V] gradient alone is {share:.3f}x naive's peak extra memory: "

@@ -50,6 +50,8 @@ import time
 import unittest
 from typing import Any
 
+from _harness import alternate, load_line, table
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # The native sample, fixed: two tests of each kind (collectives, P2P, groups,
@@ -190,6 +192,24 @@ def _in_mode(mode: str) -> None:
     torch_compat.simdist_run = run if mode == "simdist" else functools.partial(run, schedule="concurrent")
 
 
+def _class_side_by_side(pair: tuple[type, type], repeats: int) -> dict[str, Any]:
+    """One class's runs each way, alternating; the first round (each way's
+    first run: imports, simdist's thread pool) reported apart."""
+    names = list(unittest.TestLoader().getTestCaseNames(pair[0]))
+
+    def run(mode: str) -> tuple[float, dict[str, str]]:
+        _in_mode(mode)
+        return _run_class(pair[1] if mode == "threaded" else pair[0], names)
+
+    runs = alternate(["simdist", "threaded", "concurrent"], repeats + 1, run, quiet=True)
+    return {
+        "n": len(names),
+        "first": {mode: got[0][0] for mode, got in runs.items()},
+        "times": {mode: [seconds for seconds, _ in got[1:]] for mode, got in runs.items()},
+        "verdicts": {mode: got[-1][1] for mode, got in runs.items()},
+    }
+
+
 def side_by_side(repeats: int, out: str) -> None:
     """Child: each threaded-PG class, ``repeats`` times each way, alternating."""
     import logging
@@ -197,20 +217,7 @@ def side_by_side(repeats: int, out: str) -> None:
     logging.disable(logging.CRITICAL)  # the harness logs every failing rank's traceback
     report: dict[str, dict] = {"load_before": os.getloadavg()[0]}
     for label, pair in _threaded_pairs().items():
-        names = unittest.TestLoader().getTestCaseNames(pair[0])
-        modes = ("simdist", "threaded", "concurrent")
-        row: dict[str, Any] = {"n": len(names), "times": {m: [] for m in modes}, "verdicts": {}}
-        for rep in range(repeats + 1):  # the first is each way's first run, reported apart
-            order = modes if rep % 2 == 0 else modes[::-1]
-            for mode in order:
-                _in_mode(mode)
-                seconds, verdicts = _run_class(pair[1] if mode == "threaded" else pair[0], names)
-                if rep == 0:
-                    row.setdefault("first", {})[mode] = seconds
-                else:
-                    row["times"][mode].append(seconds)
-                row["verdicts"][mode] = verdicts
-        report[label] = row
+        report[label] = _class_side_by_side(pair, repeats)
     _in_mode("threaded")
     report["load_after"] = os.getloadavg()[0]
     with open(out, "w") as f:
@@ -336,12 +343,7 @@ def print_side_by_side(repeats: int) -> None:
         f"\nthreaded-PG classes, side by side in one process: best of {repeats} class runs each way, "
         f"alternating; load average {report['load_before']:.2f} before, {report['load_after']:.2f} after"
     )
-    print(
-        "\n| class | tests | simdist best ms (median, slowest) | threaded PG best ms (median, slowest) "
-        "| threaded PG / simdist, best | first run ms, simdist / threaded PG | verdicts |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    floors = []
+    rows, floors = [], []
     for label, row in report.items():
         if not isinstance(row, dict):
             continue
@@ -355,12 +357,15 @@ def print_side_by_side(repeats: int) -> None:
         shown = ", ".join(f"{n}: {v}" for n, v in sorted(row["verdicts"]["simdist"].items()))
         verdicts = f"same ({shown})" if same else f"DIFFER: {row['verdicts']}"
         first = f"{_ms(row['first']['simdist'])} / {_ms(row['first']['threaded'])}"
-        print(f"| {label} | {row['n']} | {cells[0]} | {cells[1]} | {ratio:.2f}x | {first} | {verdicts} |")
+        rows.append([label, row["n"], cells[0], cells[1], f"{ratio:.2f}x", first, verdicts])
         concurrent = min(row["times"]["concurrent"])
-        floors.append(
-            f"| {label} | {_ms(concurrent)} | {min(row['times']['threaded']) / concurrent:.2f}x "
-            f"| {row['verdicts']['concurrent'] == row['verdicts']['threaded']} |"
-        )
+        ratio = min(row["times"]["threaded"]) / concurrent
+        same = row["verdicts"]["concurrent"] == row["verdicts"]["threaded"]
+        floors.append([label, _ms(concurrent), f"{ratio:.2f}x", same])
+    print()
+    headers = ["class", "tests", "simdist best ms (median, slowest)", "threaded PG best ms (median, slowest)"]
+    headers += ["threaded PG / simdist, best", "first run ms, simdist / threaded PG", "verdicts"]
+    table(headers, rows, markdown=True)
     print(
         "  (median and slowest are over the best; a ratio above 1.00x: simdist faster. The first runs "
         "include what the child does once: imports, simdist's thread pool.)"
@@ -370,9 +375,7 @@ def print_side_by_side(repeats: int) -> None:
         "alternation): no per-rank state swapped, ranks not serialised; what simdist costs per test "
         "without those two.\n"
     )
-    print("| class | best ms | threaded PG / this, best | same verdicts |")
-    print("|---|---|---|---|")
-    print("\n".join(floors))
+    table(["class", "best ms", "threaded PG / this, best", "same verdicts"], floors, markdown=True)
 
 
 def print_calls(repeats: int) -> None:
@@ -389,11 +392,11 @@ def print_calls(repeats: int) -> None:
             f"\n{label}: Python and builtin calls per test, every thread ({row['n']} tests, "
             f"{repeats} runs each way)"
         )
-        print("\n| where | simdist | threaded PG |")
-        print("|---|---|---|")
-        for area in sorted(set(sim) | set(native), key=lambda a: -max(sim.get(a, 0), native.get(a, 0))):
-            print(f"| {area} | {sim.get(area, 0):.0f} | {native.get(area, 0):.0f} |")
-        print(f"| all | {sum(sim.values()):.0f} | {sum(native.values()):.0f} |")
+        order = sorted(set(sim) | set(native), key=lambda a: -max(sim.get(a, 0), native.get(a, 0)))
+        rows = [[area, f"{sim.get(area, 0):.0f}", f"{native.get(area, 0):.0f}"] for area in order]
+        rows.append(["all", f"{sum(sim.values()):.0f}", f"{sum(native.values()):.0f}"])
+        print()
+        table(["where", "simdist", "threaded PG"], rows, markdown=True)
         files = sorted(
             ((n, where) for where, n in row["simdist"].items() if where.startswith("simdist/")), reverse=True
         )
@@ -496,12 +499,12 @@ def main() -> None:
 
     import torch
 
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    print(f"torch {torch.__version__}, {load_line('at the start')}")
     if args.threaded_only:
         print_side_by_side(args.repeats)
         if args.calls:
             print_calls(3)
-        print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+        print(f"\n{load_line('at the end')}")
         return
     dist_cls = _case_classes("dist")["distributed_test"]
     names = [n for n in unittest.TestLoader().getTestCaseNames(dist_cls) if args.k in n]
@@ -543,12 +546,14 @@ def main() -> None:
                 f"  of the {len(passing)} that pass natively, {kept} pass on simdist "
                 f"({100 * kept / len(passing):.0f}%)"
             )
-        print("\n| test | simdist s | of which sleep s | native s | native s / simdist s |")
-        print("|---|---|---|---|---|")
+        times = []
         for n in sample:
             s_s, n_s = sim[n].get("s", 0.0), native[n].get("s", 0.0)
             ratio = f"{n_s / s_s:.0f}x" if s_s > 0 else "-"
-            print(f"| {n} | {s_s:.2f} | {sim[n].get('sleep', 0.0):.2f} | {n_s:.2f} | {ratio} |")
+            times.append([n, f"{s_s:.2f}", f"{sim[n].get('sleep', 0.0):.2f}", f"{n_s:.2f}", ratio])
+        print()
+        headers = ["test", "simdist s", "of which sleep s", "native s", "native s / simdist s"]
+        table(headers, times, markdown=True)
     for label in ("dtensor",):
         cls = _case_classes("cases")[label]
         cnames = unittest.TestLoader().getTestCaseNames(cls)
@@ -561,19 +566,18 @@ def main() -> None:
             )
         )
 
-    print("\n| tests | n | simdist | native | native s / simdist s |")
-    print("|---|---|---|---|---|")
+    summary = []
     for label, tnames, s_res, n_res in rows:
         s_s, n_s = seconds(s_res, tnames), seconds(n_res, tnames)
         ratio = f"{n_s / s_s:.2f}x" if s_s > 0 else "-"
-        print(
-            f"| {label} | {len(tnames)} | {counts({n: s_res[n] for n in tnames})}, {s_s:.2f} s "
-            f"| {counts(n_res)}, {n_s:.2f} s | {ratio} |"
-        )
+        simdist_cell = f"{counts({n: s_res[n] for n in tnames})}, {s_s:.2f} s"
+        summary.append([label, len(tnames), simdist_cell, f"{counts(n_res)}, {n_s:.2f} s", ratio])
+    print()
+    table(["tests", "n", "simdist", "native", "native s / simdist s"], summary, markdown=True)
     print_side_by_side(args.repeats)
     if args.calls:
         print_calls(3)
-    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    print(f"\n{load_line('at the end')}")
 
 
 if __name__ == "__main__":

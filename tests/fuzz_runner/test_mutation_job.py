@@ -43,7 +43,7 @@ mutate = _load("_mutate")
 @pytest.fixture
 def mutation(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """benchmarks/mutation.py as a module (it imports its neighbours by bare name)."""
-    bare = ("mutation", "_mutate", "_common")
+    bare = ("mutation", "_mutate", "_common", "_harness")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     for name in bare:
         monkeypatch.delitem(sys.modules, name, raising=False)
