@@ -1,0 +1,142 @@
+"""The engine's speed mechanisms, each measured alone: the same tree with one
+of them off, against all of them on, in alternating child processes.
+
+Mechanisms (docs/internals.md, "Speed mechanisms: the audit"):
+
+- ``generator fingerprints``: the process's random generators (torch's CPU
+  one, ``random``'s, numpy's) read in place at a switch to skip those the
+  ranks never drew from; off, each switch reads them through their APIs.
+- ``affinity pins``: the rank handing the run token on pins the next holder
+  to its own CPU (``SIMDIST_HANDOFF_AFFINITY=0`` turns it off).
+- ``thread pool``: finished rank threads park and serve the next run
+  (``SIMDIST_REUSE_THREADS=0`` turns it off).
+
+Each child times, per world, ``--calls`` small all_reduces (16 floats, a
+``t.add_(1)`` between them, the default scheduled mode) in one run, and
+empty runs (start and teardown), after a warm-up, and reports medians.
+The table is the median over rounds per variant, its spread (lowest and
+highest round) and the ratio to ``all on``; a mechanism gains what its
+``off`` row costs more. Prints, never asserts.
+
+    python benchmarks/mechanisms.py --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from _harness import alternate, child_json, load_line, table
+
+VARIANTS = {
+    "all on": {},
+    "generator fingerprints off": {"SIMDIST_BENCH_FINGERPRINTS": "0"},
+    "affinity pins off": {"SIMDIST_HANDOFF_AFFINITY": "0"},
+    "thread pool off": {"SIMDIST_REUSE_THREADS": "0"},
+}
+
+
+def _fingerprints_off() -> None:
+    """Every generator read through its API at each switch, as without the fingerprints."""
+    from simdist._isolation import generators
+
+    generators._TORCH_CPU_FINGERPRINT = None
+    generators._python_random_fingerprint = lambda: None
+    generators._numpy_fingerprint = lambda: None
+
+
+def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: list[int]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    import simdist
+
+    if os.environ.get("SIMDIST_BENCH_FINGERPRINTS") == "0":
+        _fingerprints_off()
+
+    def reduce_body(ctx: Any) -> None:
+        t = torch.zeros(16)
+        for _ in range(calls):
+            t.add_(1)
+            dist.all_reduce(t)
+
+    def empty_body(ctx: Any) -> None:
+        return None
+
+    out: dict[str, float] = {}
+    for world in collective_worlds:
+        simdist.run(reduce_body, world_size=world)
+        walls = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            simdist.run(reduce_body, world_size=world)
+            walls.append((time.perf_counter() - t0) / calls)
+        out[f"all_reduce, {world} ranks"] = statistics.median(walls)
+    for world in empty_worlds:
+        for _ in range(3):
+            simdist.run(empty_body, world_size=world)
+        walls = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            simdist.run(empty_body, world_size=world)
+            walls.append(time.perf_counter() - t0)
+        out[f"start + teardown, {world} ranks"] = statistics.median(walls)
+    print(json.dumps(out))
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--collective-worlds", default="2,8")
+    parser.add_argument("--empty-worlds", default="8,64")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    collective = [int(w) for w in args.collective_worlds.split(",") if w]
+    empty = [int(w) for w in args.empty_worlds.split(",") if w]
+    if args.child:
+        _child(args.calls, args.runs, collective, empty)
+        return
+    print(load_line("at the start"))
+    child_args = ["--child", "--calls", args.calls, "--runs", args.runs]
+    child_args += ["--collective-worlds", args.collective_worlds, "--empty-worlds", args.empty_worlds]
+
+    def measure(variant: str) -> dict[str, Any]:
+        return child_json(__file__, child_args, extra_env=VARIANTS[variant], timeout=900)
+
+    samples = alternate(list(VARIANTS), args.rounds, measure)
+    rows = []
+    for key in samples["all on"][0]:
+        base = statistics.median(s[key] for s in samples["all on"])
+        for variant in VARIANTS:
+            values = [s[key] for s in samples[variant]]
+            median = statistics.median(values)
+            rows.append(
+                [
+                    key,
+                    variant,
+                    _fmt(median),
+                    f"{_fmt(min(values))} - {_fmt(max(values))}",
+                    f"{median / base:.2f}x",
+                ]
+            )
+    table(["measure", "variant", "median", "spread (rounds)", "x all on"], rows, markdown=True)
+    print(load_line("at the end"), file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
