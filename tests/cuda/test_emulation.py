@@ -168,6 +168,8 @@ def test_factories_and_moves_name_the_emulated_device() -> None:
         torch.set_default_device("cuda")
         try:
             made["default device"] = torch.ones(2)
+            # A factory given an emulated tensor under the default device.
+            made["as_tensor, default device"] = torch.as_tensor(made["zeros"])
         finally:
             torch.set_default_device(None)
         return {name: (str(t.device), t.is_cuda, type(t).__name__) for name, t in made.items()}
