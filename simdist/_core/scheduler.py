@@ -12,6 +12,7 @@ layer talk only to this class; it owns the lock and wires the parts:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ class Scheduler:
         describe_rank: Callable[[int], str],
         on_done: Callable[[Waitable], None] = lambda w: None,
         policy: Policy | None = None,
-        on_resume: Callable[[int], None] = lambda rank: None,
+        on_resume: Callable[[int, Callable[[], BaseException | None]], None] = lambda rank, aborted: None,
         on_yield: Callable[[], None] = lambda: None,
     ) -> None:
         self.world_size = world_size
@@ -64,6 +65,12 @@ class Scheduler:
         self._findings = Findings()
         self._collectives = CollectiveTable()
         self._p2p = P2PTable()
+        aborts = self._aborts
+
+        def resumed(rank: int) -> None:
+            # (a closure over the aborts, not the scheduler: no cycle through the token)
+            on_resume(rank, lambda: aborts.error)
+
         turns: Turns
         if policy is None:
             turns = Baton(self._slots)
@@ -74,7 +81,7 @@ class Scheduler:
                 self._lock,
                 policy,
                 poll_interval(world_size),
-                on_resume,
+                resumed,
                 on_yield,
                 self._caller_mask,
             )
@@ -83,7 +90,8 @@ class Scheduler:
             self._slots, turns, self._collectives, self._p2p, self._aborts, self._findings, describe_rank
         )
         if isinstance(turns, RunToken):
-            turns.nothing_runnable_locked = self._detector.nothing_runnable_locked
+            # Weakly: the detector holds the token (no cycle for the collector).
+            turns.nothing_runnable_locked = _weakly(self._detector.nothing_runnable_locked)
         self._waiting = Waiting(self._lock, self._slots, turns, self._detector, self._aborts)
         self.helpers = HelperBook(self._lock, self._slots, turns, self._detector, self._aborts)
         self.scheduled = policy is not None
@@ -301,3 +309,15 @@ class Scheduler:
         if not items:
             return None
         return "calls that were issued but never completed:\n" + "\n".join(items)
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method``, called while its object lives, held weakly."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 
 from .._backend.hooks import CallHooks as _BackendHooks
 from .._backend.world_hooks import WorldHooks
-from .._core.records import PendingCollective, Waitable
-from ..trace import Recorder
 
 if TYPE_CHECKING:
     from .options import RunOptions
@@ -26,11 +24,3 @@ class CallHooks(_BackendHooks, WorldHooks):
     @property
     def strict_call_sites(self) -> bool:  # type: ignore[override]  # read from the options, over the backend's plain attribute
         return self.options.strict_call_sites
-
-    def _on_done(self, waitable: Waitable) -> None:
-        failed = waitable.error is not None
-        if isinstance(waitable, PendingCollective):
-            for call in waitable.calls.values():
-                Recorder.finish(call.record, failed)
-        else:
-            Recorder.finish(getattr(waitable, "record", None), failed)

@@ -7,20 +7,24 @@ hooks (faults, fingerprints) come from ``CallHooks``.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
 from .._backend.group import SimGroup
-from .._core.records import GroupInfo
+from .._core.records import GroupInfo, PendingCollective, Waitable
 from .._core.scheduler import Scheduler
 from .._cuda.device_api import EmulatedCuda
 from .._cuda.memory import DeviceMemory
 from .._isolation.rank_state import RankStates, release_process
 from ..errors import CollectiveMismatchError
 from ..faults import FaultState
+from ..layout import Layout
 from ..policy import make_policy
 from ..store import RankStore
 from ..trace import Recorder
@@ -44,12 +48,14 @@ class World(CallHooks):
         # Unscheduled, every rank shares the process's state as it always did.
         self.states = RankStates(n, options.rank_local) if policy is not None else None
         try:
+            # Callbacks that hold what they need, not the world: a run leaves
+            # no cycle for the collector (the scheduler is the world's).
             self.scheduler = Scheduler(
                 n,
-                self.describe_rank,
-                self._on_done,
+                functools.partial(describe_rank, options.layout, n),
+                _call_done,
                 policy,
-                self._resume if self.states else lambda rank: None,
+                functools.partial(_resume, self.states) if self.states else _no_resume,
                 release_process,
             )
             self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
@@ -83,15 +89,8 @@ class World(CallHooks):
         with self._groups_lock:
             self.helper_failures.setdefault(rank, []).append((name, exc))
 
-    def _resume(self, rank: int) -> None:
-        assert self.states is not None
-        self.states.switch_to(rank, lambda: self.scheduler.aborted)
-
     def describe_rank(self, rank: int) -> str:
-        if self.layout is None:
-            return f"rank {rank} of {self.world_size}"
-        c = self.layout.coords(rank)
-        return f"tp={c.tp} cp={c.cp} dp={c.dp} pp={c.pp}"
+        return describe_rank(self.layout, self.world_size, rank)
 
     # -- groups -------------------------------------------------------------
 
@@ -123,3 +122,27 @@ class World(CallHooks):
     def label_group(self, name: str, label: str) -> None:
         with self._groups_lock:
             self._groups[name].relabel(label)
+
+
+def describe_rank(layout: Layout | None, world_size: int, rank: int) -> str:
+    if layout is None:
+        return f"rank {rank} of {world_size}"
+    c = layout.coords(rank)
+    return f"tp={c.tp} cp={c.cp} dp={c.dp} pp={c.pp}"
+
+
+def _resume(states: RankStates, rank: int, aborted: Callable[[], Any]) -> None:
+    states.switch_to(rank, aborted)
+
+
+def _no_resume(rank: int, aborted: Callable[[], Any]) -> None:
+    return None
+
+
+def _call_done(waitable: Waitable) -> None:
+    failed = waitable.error is not None
+    if isinstance(waitable, PendingCollective):
+        for call in waitable.calls.values():
+            Recorder.finish(call.record, failed)
+    else:
+        Recorder.finish(getattr(waitable, "record", None), failed)

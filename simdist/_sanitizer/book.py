@@ -28,7 +28,7 @@ class RankBook:
         # id(work) -> its entry, in issue order; the entry holds the Work, so
         # the id cannot be reused while it is here.
         self.entries: dict[int, InFlight] = {}
-        self.mode = SanitizerMode(self)
+        self.mode = SanitizerMode(self.entries, rank)
         self.helpers = False  # the rank has started a helper thread
 
     def issued(self, work: Any, waitable: Any, synchronous: bool = False) -> bool:
@@ -94,7 +94,7 @@ class RankBook:
     def ended(self, result: Any) -> None:
         """The body returned ``result``: report what it never waited."""
         left = list(self.entries.values())
-        self.entries = {}
+        self.entries.clear()  # (the mode holds this very dict)
         self.sync()
         if not left:
             return
@@ -108,7 +108,7 @@ class RankBook:
 
     def leave(self) -> None:
         """The rank thread's end, however it ends: nothing stays on its stack."""
-        self.entries = {}
+        self.entries.clear()
         remove(self.mode)
         here.pinned = False
 

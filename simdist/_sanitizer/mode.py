@@ -48,9 +48,12 @@ class SanitizerMode(TorchDispatchMode):
 
     simdist_own_mode = True  # not shown simdist's collectives (other_modes_active)
 
-    def __init__(self, book: Any) -> None:
+    def __init__(self, entries: dict[int, InFlight], rank: int) -> None:
         super().__init__()
-        self.book = book
+        # The rank's book's calls in flight (that very dict) and its rank: not
+        # the book, which holds this mode (no cycle for the collector).
+        self.entries = entries
+        self.rank = rank
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -61,13 +64,13 @@ class SanitizerMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        entries: dict[int, InFlight] = self.book.entries
+        entries = self.entries
         if entries and not here.quiet and func.namespace not in _PASS_NAMESPACES:
             dispatching = [t for t in types if not _plain_type(t)] if types else types
             if not dispatching:
                 checked_ops[0] += 1
                 # A snapshot: a helper thread of the rank may end a call meanwhile.
-                _check(self.book.rank, tuple(entries.values()), func, args, kwargs)
+                _check(self.rank, tuple(entries.values()), func, args, kwargs)
             elif not _fake(dispatching):
                 # A subclass with a dispatch of its own (DTensor,
                 # AsyncCollectiveTensor, a user's wrapper): it runs with this

@@ -36,7 +36,8 @@ class DebugSession:
     """Attached to a world as ``world.debug`` for the whole run."""
 
     def __init__(self, world: Any, settings: Settings) -> None:
-        self.world = world
+        # Weakly: the world holds its session (world.debug), and a run leaves no cycle.
+        self._world = weakref.ref(world)
         self.settings = settings
         self.name = f"run #{next(_names)}"
         self._cond = threading.Condition()
@@ -53,6 +54,13 @@ class DebugSession:
         self.ended = False
         with _live_lock:
             _live.add(self)
+
+    @property
+    def world(self) -> Any:
+        world = self._world()
+        if world is None:
+            raise RuntimeError(f"simdist debug: {self.name}'s world has ended")
+        return world
 
     # -- the paused clock ------------------------------------------------
 
