@@ -68,11 +68,14 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
     """
 
     def __init__(self, world: WorldHooks, rank: int, group: GroupInfo) -> None:
-        super().__init__(group.ranks.index(rank), len(group.ranks))  # type: ignore[call-arg]  # c10d's (rank, size) constructor is missing from torch's stub
+        ranks = group.ranks
+        # (The world group lists every rank in order: no O(world) search per rank.)
+        group_rank = rank if rank < len(ranks) and ranks[rank] == rank else ranks.index(rank)
+        super().__init__(group_rank, len(ranks))  # type: ignore[call-arg]  # c10d's (rank, size) constructor is missing from torch's stub
         self._world = world
         self._scheduler: Scheduler = world.scheduler
         self._global_rank = rank
-        self._group_rank = group.ranks.index(rank)  # rank() is a pybind call; this is hot
+        self._group_rank = group_rank  # rank() is a pybind call; this is hot
         self._info = group
         self._seq = 0
         self._name = GroupName(group.name)

@@ -12,8 +12,11 @@ from .process_group import BACKEND_NAME, SimProcessGroup
 
 def _create(backend_opts: Any, pg_options: Any) -> SimProcessGroup:
     world, rank = current_world()
-    ranks = list(backend_opts.global_ranks_in_group) or list(range(world.scheduler.world_size))
-    info = world.register_group(str(backend_opts.group_id), tuple(ranks), rank)
+    # No ranks listed: the world group, whose ranks tuple the world keeps once
+    # (built per rank, it cost O(world) each: O(world^2) for a run's start).
+    given = backend_opts.global_ranks_in_group
+    ranks = tuple(given) if given else world.all_ranks
+    info = world.register_group(str(backend_opts.group_id), ranks, rank)
     return SimProcessGroup(world, rank, info)
 
 

@@ -17,6 +17,7 @@ class WorldHooks:
 
     scheduler: Scheduler
     reduction: Any
+    all_ranks: tuple[int, ...]  # the world group's ranks
 
     def register_group(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo:
         raise NotImplementedError

@@ -72,6 +72,7 @@ class World(CallHooks):
         # The world group's global -> group rank map, the identity: one for
         # every rank instead of a copy each (O(world) memory per rank).
         self.world_rank_map = {r: r for r in range(n)}
+        self.all_ranks = tuple(range(n))  # the world group's ranks, one tuple for every rank
         # CUDA emulation (simdist._cuda): each rank's current device, the node's GPU count.
         self.cuda_emulation = None
         if options.cuda == "emulate":
@@ -98,7 +99,7 @@ class World(CallHooks):
         with self._groups_lock:
             named = self._named.setdefault(name, [])
             for info in named:
-                if info.ranks == ranks:
+                if info.ranks is ranks or info.ranks == ranks:
                     return info
             clash = next((info for info in named if set(info.ranks) & set(ranks)), None)
             if clash is not None:
@@ -113,7 +114,11 @@ class World(CallHooks):
             # torch's _find_or_create_pg_by_ranks_and_tag has each rank create
             # only its own set's group, so the sets' counters agree on the name.
             key = name if not named else f"{name}[{','.join(map(str, ranks))}]"
-            label = "world" if ranks == tuple(range(self.world_size)) and name == "0" else f"group {name}"
+            label = (
+                "world"
+                if name == "0" and (ranks is self.all_ranks or ranks == self.all_ranks)
+                else f"group {name}"
+            )
             info = SimGroup(key, ranks, label)
             self._groups[key] = info
             named.append(info)
