@@ -29,11 +29,9 @@ from ..errors import UnsupportedOperationError
 from . import device_api, generators, streams
 from .ordering import storage_key
 from .tensor import (
-    EmulatedCudaParameter,
     EmulatedCudaTensor,
     _wrap_outputs,
     cuda_index,
-    handle,
     index_of,
     leaves,
     move,
@@ -115,10 +113,6 @@ class EmulatedCudaMode(TorchFunctionMode):
         ):
             # CUDA's autocast casts CUDA tensors only: a CPU op is left as it is.
             return _in_float32(func, args, kwargs)
-        if types and "device" not in kwargs and all(kind in _EMULATED_KINDS for kind in types):
-            # An op on emulated tensors: their own handler, called here rather
-            # than through torch's override protocol a second time.
-            return handle(func, args, kwargs)
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and not isinstance(first, EmulatedCudaTensor):
             if func is torch.Tensor.cuda:
@@ -150,8 +144,6 @@ class EmulatedCudaMode(TorchFunctionMode):
         return _wrap_outputs(result, index)
 
 
-_EMULATED_KINDS = frozenset({EmulatedCudaTensor, EmulatedCudaParameter})
-
 _RANDOM_FACTORIES = frozenset(
     {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "bernoulli"}
 )
@@ -161,16 +153,6 @@ _NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # what a subclass without
 
 
 def _dispatching(types: Any) -> bool:
-    known = _DISPATCHING.get(types)
-    if known is None:
-        known = _DISPATCHING[types] = _has_own_dispatch(types)
-    return known
-
-
-_DISPATCHING: dict[Any, bool] = {}  # per tuple of types (classes live as long as the process)
-
-
-def _has_own_dispatch(types: Any) -> bool:
     """Whether a subclass with a dispatch of its own takes part, fake tensors
     aside (they hold no values; the fake mode below computes them)."""
     own = [kind for kind in types if getattr(kind, "__torch_dispatch__", _NO_DISPATCH) is not _NO_DISPATCH]

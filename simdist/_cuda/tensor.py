@@ -222,8 +222,6 @@ def _wrap_outputs(result: Any, index: int, inputs: Any = (), given_leaves: list[
     if result is None:
         return result
     found = leaves(inputs) if given_leaves is None else given_leaves
-    if type(result) is torch.Tensor:  # the common case, without the walk below
-        return result if any(leaf is result for leaf in found) else emulated(result, index)
     given = {id(leaf) for leaf in found if isinstance(leaf, torch.Tensor)}
 
     def wrap(value: Any) -> Any:
