@@ -115,7 +115,7 @@ def test_a_storage_resized_in_place_changes_the_count() -> None:
     assert _run(body, world_size=1) == [(4096, 0, 16384)]
 
 
-def test_a_tensor_kept_alive_after_the_run_is_still_counted_nowhere_else() -> None:
+def test_a_tensor_returned_from_a_run_does_not_count_in_the_next_run() -> None:
     # A tensor returned from a run dies later, outside any rank: no error,
     # and the next run starts from nothing.
     kept = _run(lambda ctx: torch.ones(100, device="cuda"), world_size=2)
