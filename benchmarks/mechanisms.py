@@ -10,6 +10,10 @@ Mechanisms (docs/internals.md, "Speed mechanisms: the audit"):
   to its own CPU (``SIMDIST_HANDOFF_AFFINITY=0`` turns it off).
 - ``thread pool``: finished rank threads park and serve the next run
   (``SIMDIST_REUSE_THREADS=0`` turns it off).
+- ``emulation's own calls unhandled``: under ``cuda="emulate"``, the
+  dispatch mode's and the memory counts' own tensor calls run with torch
+  function handling off (each would go through the emulated tensor's
+  handlers); off, they go through them.
 
 Each child times, per world, ``--calls`` small all_reduces (16 floats, a
 ``t.add_(1)`` between them, the default scheduled mode) in one run, and
@@ -38,6 +42,7 @@ VARIANTS = {
     "generator fingerprints off": {"SIMDIST_BENCH_FINGERPRINTS": "0"},
     "affinity pins off": {"SIMDIST_HANDOFF_AFFINITY": "0"},
     "thread pool off": {"SIMDIST_REUSE_THREADS": "0"},
+    "emulation's own calls handled": {"SIMDIST_BENCH_EMULATION_HANDLED": "1"},
 }
 
 
@@ -50,6 +55,26 @@ def _fingerprints_off() -> None:
     generators._numpy_fingerprint = lambda: None
 
 
+def _emulation_calls_handled() -> None:
+    """The emulation's own tensor calls through the emulated tensor's handlers."""
+    import contextlib
+
+    from simdist._cuda import memory, mode
+
+    mode._NO_TORCH_FUNCTION = contextlib.nullcontext  # type: ignore[assignment]
+    memory._NO_TORCH_FUNCTION = contextlib.nullcontext  # type: ignore[assignment]
+
+
+def _per_op(op: Any, repeats: int = 5, calls: int = 400) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            op()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
 def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: list[int]) -> None:
     import torch
 
@@ -60,6 +85,8 @@ def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: li
 
     if os.environ.get("SIMDIST_BENCH_FINGERPRINTS") == "0":
         _fingerprints_off()
+    if os.environ.get("SIMDIST_BENCH_EMULATION_HANDLED") == "1":
+        _emulation_calls_handled()
 
     def reduce_body(ctx: Any) -> None:
         t = torch.zeros(16)
@@ -88,6 +115,16 @@ def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: li
             simdist.run(empty_body, world_size=world)
             walls.append(time.perf_counter() - t0)
         out[f"start + teardown, {world} ranks"] = statistics.median(walls)
+
+    def emulated_ops(ctx: Any) -> dict[str, float]:
+        x = torch.zeros(16, device="cuda")
+        return {
+            "emulated zeros(16), 1 rank": _per_op(lambda: torch.zeros(16, device="cuda")),
+            "emulated x.sum(), 1 rank": _per_op(lambda: x.sum()),
+            "emulated x.add_(1), 1 rank": _per_op(lambda: x.add_(1)),
+        }
+
+    out.update(simdist.run(emulated_ops, world_size=1, cuda="emulate")[0])
     print(json.dumps(out))
 
 
