@@ -231,3 +231,19 @@ def test_a_run_after_a_failed_run_starts_from_nothing() -> None:
     with pytest.raises(simdist.RankError, match="planted"):
         _run(failing)
     assert _run(lambda ctx: torch.cuda.memory_allocated()) == [0, 0]
+
+
+def test_a_device_the_node_does_not_have_is_refused_as_on_a_gpu() -> None:
+    def body(ctx):
+        refused = []
+        for bad, error, words in [
+            (5, RuntimeError, "invalid device ordinal"),
+            ("cuda:2", RuntimeError, "invalid device ordinal"),
+            ("cpu", ValueError, "Expected a cuda device"),
+        ]:
+            with pytest.raises(error, match=words):
+                torch.cuda.memory_allocated(bad)
+            refused.append(bad)
+        return refused
+
+    assert _run(body, cuda_devices=2) == [[5, "cuda:2", "cpu"]] * 2
