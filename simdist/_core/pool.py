@@ -44,17 +44,20 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import identity
+from . import identity, reuse
 from .latch import Latch
 from .spawn import TreeStart
 
-__all__ = ["MAX_IDLE", "PooledStart", "Seat", "idle_count"]
+__all__ = ["KEEP_IDLE", "MAX_IDLE", "PooledStart", "Seat", "capacity", "idle_count"]
 
+# At most MAX_IDLE threads are parked, so a 4096-rank world's second run
+# starts no thread (a parked thread keeps about 20 KB of touched stack). Past
+# KEEP_IDLE, a thread parked for _PARK_S without a task ends: a process that
+# ran one large world keeps no thousands of threads for the rest of its life.
+# ``reuse.threads()`` False (SIMDIST_REUSE=0, SIMDIST_REUSE_THREADS=0) parks none.
+MAX_IDLE = 4096
+KEEP_IDLE = 128
 _PARK_S = 60.0
-# At most this many threads are parked (a 4096-rank world keeps no more than
-# this many stacks alive once it has ended); 0 parks none, as does the
-# environment variable SIMDIST_REUSE_THREADS=0.
-MAX_IDLE = 0 if os.environ.get("SIMDIST_REUSE_THREADS", "1").strip() == "0" else 128
 
 _lock = threading.Lock()
 _idle: list[_Worker] = []
@@ -213,6 +216,9 @@ class _Worker:
             with _lock:
                 if self in _idle:
                     _idle.remove(self)
+            # Its seat still reaches it (a run joins through the seat); the
+            # way back would be a cycle left for the collector.
+            self.seat = None
             identity.forget_pooled(threading.get_ident())
 
     def _run_task(self, seat: Seat) -> None:
@@ -253,7 +259,7 @@ class _Worker:
         with _lock:
             # Without a Thread object of its own per task (another Python's
             # threading), a reused thread would show the last task's.
-            keep = clean and _FACES and not seat.abandoned and not _closing and len(_idle) < MAX_IDLE
+            keep = clean and _FACES and not seat.abandoned and not _closing and len(_idle) < capacity()
             if keep:
                 keep = self._park_locked(ident)
         if not keep:
@@ -266,10 +272,15 @@ class _Worker:
             # stays a loop); never listed, never interrupted (see ``identity``).
             # Whether it has a task is decided under the lock, never by the
             # wake-up alone: a spare permit only costs another look.
-            while not self.permit.acquire(timeout=_PARK_S):
-                pass
+            woken = self.permit.acquire(timeout=_PARK_S)
             with _lock:
                 if self.ending:
+                    return False
+                if not woken and self.parked and len(_idle) > KEEP_IDLE:
+                    _idle.remove(self)  # long idle, past the threads always kept: end
+                    self.parked = False
+                    self.ending = True
+                    _show(self.thread)  # listed again, as threading's own exit expects
                     return False
                 if not self.parked:
                     if self.seat is not None:
@@ -362,6 +373,11 @@ def _show(thread: threading.Thread, face: threading.Thread | None = None) -> Non
         registry[thread.ident] = thread if face is None else face
 
 
+def capacity() -> int:
+    """How many threads may be parked now (0 while reuse is off)."""
+    return MAX_IDLE if reuse.threads() else 0
+
+
 def idle_count() -> int:
     """How many threads are parked right now."""
     with _lock:
@@ -400,7 +416,8 @@ class PooledStart:
                 # thread woken early sees either no task (and waits on) or its task.
                 # Without threading's registry a parked thread could not be
                 # listed again: it stays parked (ended at exit), new ones start.
-                reusable: list[_Worker] = _idle if _registry() is not None else []
+                # With reuse switched off since they parked, none is taken either.
+                reusable: list[_Worker] = _idle if _registry() is not None and reuse.threads() else []
                 while reusable and len(taken) < n:
                     worker = reusable.pop()
                     worker.parked = False

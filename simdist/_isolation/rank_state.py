@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._core import reuse
 from .._core.identity import me
 from . import hold, rank_local_defaults
 from .generators import _builtin_slots, numpy_fingerprint_whole, numpy_unvouched
@@ -137,7 +138,7 @@ class RankStates:
         taken as it is (read again only when the caller changed it)."""
         fingerprint = slot.fingerprint()
         remembered = _rememberable(slot)
-        if remembered and fingerprint is not None:
+        if remembered and fingerprint is not None and reuse.enabled():
             seen = _last_seen.get(slot.name)
             if seen is not None and seen[0] == fingerprint:
                 return seen[1], seen[0]

@@ -13,7 +13,7 @@ thread is parked for the next run (``_core.pool``) only if this reads the
 same as when the thread was new (after ``forget_thread_caches``); a thread
 whose value differs is not parked but ends, as every rank thread once did.
 What this cannot read (a C++ ``thread_local`` torch does not expose) is the
-reason ``SIMDIST_REUSE_THREADS=0`` turns reuse off.
+reason ``SIMDIST_REUSE=0`` turns reuse off (``_core.reuse``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from .._core.frames import current_frames
 from .._core.latch import Latch
 from .._cuda.mode import emulating
 from .._isolation import c10d_state, helpers, logging_locks
+from .._isolation.c10d_init import Prepared
 from .._isolation.rank_state import release_process
 from ..context import RankContext, build_groups
 from ..debug import _hooks as debug_hooks
@@ -80,6 +81,8 @@ class RankThreads:
         # start must not slow the start of the others (with 32 busy ranks, starting
         # threads took many times the watchdog's timeout).
         self.go = Latch()
+        timeout = timedelta(seconds=world.options.timeout)
+        self.init = Prepared(BACKEND_NAME, n, world.store, timeout, world.world_rank_map)
 
     def main(self, rank: int) -> None:
         """A rank thread's whole life."""
@@ -125,13 +128,7 @@ class RankThreads:
 
     def _body(self, rank: int) -> Any:
         world, options = self.world, self.world.options
-        dist.init_process_group(
-            BACKEND_NAME,
-            rank=rank,
-            world_size=world.world_size,
-            store=world.store,
-            timeout=timedelta(seconds=options.timeout),
-        )
+        self.init.init_rank(rank)
         _share_world_rank_map(world)
         ctx = RankContext(
             rank=rank,

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
+from simdist._core import reuse
 
 
 def _empty(ctx):
@@ -45,8 +46,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("reused", [True, False], ids=["reuse on", "reuse off"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_run_leaves_no_cyclic_garbage(case: str) -> None:
+def test_a_run_leaves_no_cyclic_garbage(case: str, reused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With reuse off (SIMDIST_REUSE=0) every rank thread is new and ends with its run."""
+    monkeypatch.setattr(reuse, "ENABLED", reused)
     fn, options = CASES[case]
     for _ in range(2):
         simdist.run(fn, **options)

@@ -45,7 +45,7 @@ def _parked_idents() -> set[int]:
 
 
 def _has_room() -> bool:
-    return pool.MAX_IDLE - pool.idle_count() >= WORLD
+    return pool.capacity() - pool.idle_count() >= WORLD
 
 
 def test_a_parked_thread_leaves_threadings_registry_and_is_listed_again_while_it_runs() -> None:

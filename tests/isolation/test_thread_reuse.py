@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -169,6 +170,35 @@ def test_parked_threads_are_reused_and_never_listed() -> None:
     # Every rank ran on a thread the pool had parked (the same OS threads).
     again = simdist.run(lambda ctx: threading.get_ident(), world_size=WORLD, timeout=TIMEOUT)
     assert sorted(idents) == sorted(again)
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts OS threads through /proc")
+# An ended thread's own exit in threading must not fail (it did when left unlisted).
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_threads_parked_past_the_kept_number_end_once_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large world's threads are all parked (its next run starts none), but
+    past ``KEEP_IDLE`` a thread left without a task for ``_PARK_S`` ends: the
+    OS thread is gone, not only unlisted, and later runs still work."""
+    world = 6
+    if pool.capacity() < pool.idle_count() + world:
+        pytest.skip("thread reuse is off or the pool is full in this process")
+    monkeypatch.setattr(pool, "_PARK_S", 0.05)  # read by each thread as it parks
+    simdist.run(lambda ctx: None, world_size=world, timeout=TIMEOUT)
+    parked, threads = pool.idle_count(), _os_threads()
+    assert parked >= world
+    monkeypatch.setattr(pool, "KEEP_IDLE", parked - 3)  # the run's six threads may end, three must
+    deadline = time.monotonic() + 10
+    while pool.idle_count() > parked - 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pool.idle_count() == parked - 3
+    while _os_threads() > threads - 3 and time.monotonic() < deadline:
+        time.sleep(0.02)  # an ended thread's OS exit comes just after it leaves the pool
+    assert _os_threads() == threads - 3
+    assert simdist.run(lambda ctx: ctx.rank, world_size=world, timeout=TIMEOUT) == list(range(world))
 
 
 def test_a_parked_thread_keeps_nothing_of_its_last_run_alive() -> None:

@@ -48,7 +48,7 @@ def _next_run(leave: Callable[[], None], read: Callable[[], Any], *, parked: boo
         return threading.get_ident()
 
     first = simdist.run(leaving, world_size=WORLD, timeout=TIMEOUT)
-    if parked and pool.MAX_IDLE < WORLD:
+    if parked and pool.capacity() < WORLD:
         pytest.skip("thread reuse is off in this process")
     second = simdist.run(lambda ctx: (threading.get_ident(), read()), world_size=WORLD, timeout=TIMEOUT)
     if parked:
@@ -138,7 +138,7 @@ def test_a_hook_removed_between_runs_is_not_called_by_the_next_run(hook: str) ->
         calls.append(event)
 
     install = threading.settrace if hook == "trace" else threading.setprofile
-    if pool.MAX_IDLE < pool.idle_count() + WORLD:
+    if pool.capacity() < pool.idle_count() + WORLD:
         pytest.skip("thread reuse is off or the pool is full in this process")
     # More ranks than threads are parked: some start new, under the hook.
     n = pool.idle_count() + WORLD
