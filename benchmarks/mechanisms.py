@@ -14,6 +14,17 @@ Mechanisms (docs/internals.md, "Speed mechanisms: the audit"):
   dispatch mode's and the memory counts' own tensor calls run with torch
   function handling off (each would go through the emulated tensor's
   handlers); off, they go through them.
+- ``caller snapshots kept``: a run whose caller holds the generator state
+  the last run left takes the snapshots read then; off, it reads them again.
+- ``prepared c10d init``: each rank's default group made from arguments
+  prepared once per run (``_isolation/c10d_init``); off, c10d's whole
+  ``init_process_group`` per rank.
+- ``latches``: ``_core/latch``'s one-lock flags; off, ``threading.Event``.
+- ``tree start``: new rank threads started in a tree; off, one after
+  another (it matters only where threads are new: the first run, or with
+  the thread pool off, hence the ``first run`` rows).
+- ``all reuse off``: ``SIMDIST_REUSE=0`` (no parked threads, no kept
+  snapshots, c10d's whole init per rank).
 
 Each child times, per world, ``--calls`` small all_reduces (16 floats, a
 ``t.add_(1)`` between them, the default scheduled mode) in one run, and
@@ -43,7 +54,35 @@ VARIANTS = {
     "affinity pins off": {"SIMDIST_HANDOFF_AFFINITY": "0"},
     "thread pool off": {"SIMDIST_REUSE_THREADS": "0"},
     "emulation's own calls handled": {"SIMDIST_BENCH_EMULATION_HANDLED": "1"},
+    "caller snapshots not kept": {"SIMDIST_BENCH_SNAPSHOTS": "0"},
+    "prepared c10d init off": {"SIMDIST_BENCH_PREPARED_INIT": "0"},
+    "latches as threading.Event": {"SIMDIST_BENCH_LATCHES": "0"},
+    "tree start off": {"SIMDIST_BENCH_TREE": "0"},
+    "all reuse off": {"SIMDIST_REUSE": "0"},
 }
+
+
+def _switched_off() -> None:
+    """Turn off the mechanisms this child's environment names (see VARIANTS)."""
+    import threading
+
+    from simdist._core import latch, pool, spawn, state
+    from simdist._isolation import c10d_init, rank_state
+    from simdist._run import rank, watchdog
+
+    if os.environ.get("SIMDIST_BENCH_FINGERPRINTS") == "0":
+        _fingerprints_off()
+    if os.environ.get("SIMDIST_BENCH_EMULATION_HANDLED") == "1":
+        _emulation_calls_handled()
+    if os.environ.get("SIMDIST_BENCH_SNAPSHOTS") == "0":
+        rank_state._rememberable = lambda slot: False
+    if os.environ.get("SIMDIST_BENCH_PREPARED_INIT") == "0":
+        c10d_init._torch_tested = lambda: False
+    if os.environ.get("SIMDIST_BENCH_LATCHES") == "0":
+        for module in (latch, pool, spawn, state, rank, watchdog):
+            module.Latch = threading.Event  # type: ignore[attr-defined,misc]  # same set/is_set/wait
+    if os.environ.get("SIMDIST_BENCH_TREE") == "0":
+        spawn.FAN_OUT = 1 << 30  # the first thread starts every other, one after another
 
 
 def _fingerprints_off() -> None:
@@ -75,7 +114,9 @@ def _per_op(op: Any, repeats: int = 5, calls: int = 400) -> float:
     return best
 
 
-def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: list[int]) -> None:
+def _child(
+    calls: int, runs: int, collective_worlds: list[int], empty_worlds: list[int], first_worlds: list[int]
+) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -83,10 +124,7 @@ def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: li
 
     import simdist
 
-    if os.environ.get("SIMDIST_BENCH_FINGERPRINTS") == "0":
-        _fingerprints_off()
-    if os.environ.get("SIMDIST_BENCH_EMULATION_HANDLED") == "1":
-        _emulation_calls_handled()
+    _switched_off()
 
     def reduce_body(ctx: Any) -> None:
         t = torch.zeros(16)
@@ -98,6 +136,10 @@ def _child(calls: int, runs: int, collective_worlds: list[int], empty_worlds: li
         return None
 
     out: dict[str, float] = {}
+    for world in first_worlds:  # before any other run: new threads, a cold process
+        t0 = time.perf_counter()
+        simdist.run(empty_body, world_size=world)
+        out[f"first run, {world} ranks"] = time.perf_counter() - t0
     for world in collective_worlds:
         simdist.run(reduce_body, world_size=world)
         walls = []
@@ -141,25 +183,37 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--collective-worlds", default="2,8")
     parser.add_argument("--empty-worlds", default="8,64")
+    parser.add_argument("--first-worlds", default="256", help="first run of a fresh process, these sizes")
+    parser.add_argument("--variants", default="", help="comma-separated subset of VARIANTS ('all on' always)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     collective = [int(w) for w in args.collective_worlds.split(",") if w]
     empty = [int(w) for w in args.empty_worlds.split(",") if w]
+    first = [int(w) for w in args.first_worlds.split(",") if w]
     if args.child:
-        _child(args.calls, args.runs, collective, empty)
+        _child(args.calls, args.runs, collective, empty, first)
         return
+    chosen = (
+        ["all on"] + [v for v in args.variants.split(",") if v and v != "all on"]
+        if args.variants
+        else list(VARIANTS)
+    )
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
     print(load_line("at the start"))
     child_args = ["--child", "--calls", args.calls, "--runs", args.runs]
     child_args += ["--collective-worlds", args.collective_worlds, "--empty-worlds", args.empty_worlds]
+    child_args += ["--first-worlds", args.first_worlds]
 
     def measure(variant: str) -> dict[str, Any]:
         return child_json(__file__, child_args, extra_env=VARIANTS[variant], timeout=900)
 
-    samples = alternate(list(VARIANTS), args.rounds, measure)
+    samples = alternate(chosen, args.rounds, measure)
     rows = []
     for key in samples["all on"][0]:
         base = statistics.median(s[key] for s in samples["all on"])
-        for variant in VARIANTS:
+        for variant in chosen:
             values = [s[key] for s in samples[variant]]
             median = statistics.median(values)
             rows.append(
