@@ -14,15 +14,12 @@ Mechanisms (docs/internals.md, "Speed mechanisms: the audit"):
   dispatch mode's and the memory counts' own tensor calls run with torch
   function handling off (each would go through the emulated tensor's
   handlers); off, they go through them.
-- ``caller snapshots kept``: a run whose caller holds the generator state
-  the last run left takes the snapshots read then; off, it reads them again.
 - ``prepared c10d init``: each rank's default group made from arguments
   prepared once per run (``_isolation/c10d_init``); off, c10d's whole
   ``init_process_group`` per rank.
-- ``latches``: ``_core/latch``'s one-lock flags; off, ``threading.Event``.
-- ``tree start``: new rank threads started in a tree; off, one after
-  another (it matters only where threads are new: the first run, or with
-  the thread pool off, hence the ``first run`` rows).
+- removed after their rows here (docs/internals.md): lock latches in place
+  of ``threading.Event``, rank threads started in a tree, and the caller's
+  generator snapshots kept from one run for the next; none gained.
 - ``all reuse off``: ``SIMDIST_REUSE=0`` (no parked threads, no kept
   snapshots, c10d's whole init per rank).
 
@@ -54,35 +51,21 @@ VARIANTS = {
     "affinity pins off": {"SIMDIST_HANDOFF_AFFINITY": "0"},
     "thread pool off": {"SIMDIST_REUSE_THREADS": "0"},
     "emulation's own calls handled": {"SIMDIST_BENCH_EMULATION_HANDLED": "1"},
-    "caller snapshots not kept": {"SIMDIST_BENCH_SNAPSHOTS": "0"},
     "prepared c10d init off": {"SIMDIST_BENCH_PREPARED_INIT": "0"},
-    "latches as threading.Event": {"SIMDIST_BENCH_LATCHES": "0"},
-    "tree start off": {"SIMDIST_BENCH_TREE": "0"},
     "all reuse off": {"SIMDIST_REUSE": "0"},
 }
 
 
 def _switched_off() -> None:
     """Turn off the mechanisms this child's environment names (see VARIANTS)."""
-    import threading
-
-    from simdist._core import latch, pool, spawn, state
-    from simdist._isolation import c10d_init, rank_state
-    from simdist._run import rank, watchdog
+    from simdist._isolation import c10d_init
 
     if os.environ.get("SIMDIST_BENCH_FINGERPRINTS") == "0":
         _fingerprints_off()
     if os.environ.get("SIMDIST_BENCH_EMULATION_HANDLED") == "1":
         _emulation_calls_handled()
-    if os.environ.get("SIMDIST_BENCH_SNAPSHOTS") == "0":
-        rank_state._rememberable = lambda slot: False
     if os.environ.get("SIMDIST_BENCH_PREPARED_INIT") == "0":
         c10d_init._torch_tested = lambda: False
-    if os.environ.get("SIMDIST_BENCH_LATCHES") == "0":
-        for module in (latch, pool, spawn, state, rank, watchdog):
-            module.Latch = threading.Event  # type: ignore[attr-defined,misc]  # same set/is_set/wait
-    if os.environ.get("SIMDIST_BENCH_TREE") == "0":
-        spawn.FAN_OUT = 1 << 30  # the first thread starts every other, one after another
 
 
 def _fingerprints_off() -> None:

@@ -45,8 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import identity, reuse
-from .latch import Latch
-from .spawn import TreeStart
+from .spawn import ThreadStart
 
 __all__ = ["KEEP_IDLE", "MAX_IDLE", "PooledStart", "Seat", "capacity", "idle_count"]
 
@@ -84,10 +83,10 @@ class Seat:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.released = Latch()  # set once the thread is parked or about to end
+        self.released = threading.Event()  # set once the thread is parked or about to end
         self.abandoned = False  # the run gave up on it: its thread must not be parked again
         self.worker: _Worker | None = None
-        self.simdist_exited: Latch | None = None  # set by the run layer
+        self.simdist_exited: threading.Event | None = None  # set by the run layer
 
     @property
     def ident(self) -> int | None:
@@ -386,7 +385,7 @@ def idle_count() -> int:
 
 class PooledStart:
     """``n`` seats running ``target(i)``, on parked threads first, then on new
-    ones (started in a tree, see ``spawn``); ``start()`` starts them all. The
+    ones (the first starts the others, see ``spawn``); ``start()`` starts them all. The
     seats exist before ``start()``, so a caller can take them down if it fails."""
 
     def __init__(
@@ -439,7 +438,7 @@ class PooledStart:
                     pass  # a permit is already pending
         if fresh:
             offset, name = len(taken), self._name
-            starter = TreeStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i), deadline)
+            starter = ThreadStart(len(fresh), lambda i: fresh[i].main(), lambda i: name(offset + i), deadline)
             for worker, thread in zip(fresh, starter.threads):
                 worker.thread = thread
                 thread._simdist_helper = False  # type: ignore[attr-defined]  # a rank, never a helper

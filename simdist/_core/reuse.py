@@ -9,9 +9,6 @@ and each user of it asks ``enabled()`` at the point where it would reuse:
 * rank threads (``_core.pool``): a rank thread that ended its run cleanly is
   parked and runs a rank of the next run, put back as a new thread would be
   (its thread-locals, context, name and torch's thread state checked);
-* the caller's generator snapshots (``_isolation.rank_state``): a run whose
-  caller holds the state the last run left takes the snapshots it read then
-  instead of reading torch's, ``random``'s and numpy's generators again;
 * the world group's c10d state (``_isolation.c10d_init``): each rank's
   default group is made by c10d's own group constructor from arguments
   prepared once per run, instead of ``init_process_group``'s whole path per
@@ -43,7 +40,7 @@ THREADS = ENABLED and not _off("SIMDIST_REUSE_THREADS")
 
 
 def enabled() -> bool:
-    """Whether a run may reuse what an earlier run left (snapshots, prepared c10d state)."""
+    """Whether a run may reuse what an earlier run left (threads, the prepared c10d init)."""
     return ENABLED
 
 

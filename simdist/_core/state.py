@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+
 from ..errors import DeadlockError
-from .latch import Latch
 from .records import copy_error
 from .slots import Slots
 
@@ -15,7 +16,7 @@ class Aborts:
 
     def __init__(self) -> None:
         self.error: BaseException | None = None  # every wait raises it
-        self.event = Latch()
+        self.event = threading.Event()
         # Set once the run is over: any later call on this world raises this.
         self.closed: str | None = None
         self.closed_error: BaseException | None = None

@@ -22,31 +22,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core import reuse
 from .._core.identity import me
 from . import hold, rank_local_defaults
-from .generators import _builtin_slots, numpy_fingerprint_whole, numpy_unvouched
+from .generators import _builtin_slots, numpy_unvouched
 from .slots import _Slot, resolve_rank_local
-
-# The caller's generator snapshots as the process was last seen holding
-# them, by slot name, with the fingerprint that vouched for them: a run whose
-# caller holds the same state (back-to-back runs, a test suite's) takes them
-# instead of reading them again (numpy's get_state alone costs ~40 us, and
-# random's ~18 us). Generator snapshots only: they are immutable and keep no
-# other object alive. Read and written with the process hold held.
-_SNAPSHOTS = frozenset({"torch default generator", "random", "numpy.random"})
-_last_seen: dict[str, tuple[Any, Any]] = {}
 
 # The run whose values the process holds (the last run whose rank held the
 # process, or whose caller captured its values); written with the hold held.
 _owner: RankStates | None = None
-
-
-def _rememberable(slot: _Slot) -> bool:
-    """Whether ``slot``'s snapshot may be kept for later runs: a generator's,
-    whose fingerprint covers the whole state (numpy's only where it reads the
-    cached Gaussian too)."""
-    return slot.name in _SNAPSHOTS and (slot.name != "numpy.random" or numpy_fingerprint_whole())
 
 
 def _aborted() -> Any:
@@ -133,31 +116,10 @@ class RankStates:
             raise
 
     def _caller_value(self, i: int, slot: _Slot) -> tuple[Any, Any]:
-        """The caller's value of a slot and its mark: a generator snapshot
-        the process was last seen holding under the same fingerprint is
-        taken as it is (read again only when the caller changed it)."""
+        """The caller's value of a slot and the fingerprint that vouches for it."""
         fingerprint = slot.fingerprint()
-        remembered = _rememberable(slot)
-        if remembered and fingerprint is not None and reuse.enabled():
-            seen = _last_seen.get(slot.name)
-            if seen is not None and seen[0] == fingerprint:
-                return seen[1], seen[0]
         value = slot.get()
-        mark = self._mark(i, value, fingerprint)
-        if remembered and mark is not None:
-            _last_seen[slot.name] = (mark, value)
-        return value, mark
-
-    def _remember_caller(self) -> None:
-        """The process holds the caller's values again: what the next run's
-        ``_caller_value`` may take (called with the hold held)."""
-        for i, (slot, value) in enumerate(zip(self._slots, self._caller)):
-            if _rememberable(slot):
-                mark = self._mark(i, value, slot.fingerprint())
-                if mark is None:
-                    _last_seen.pop(slot.name, None)
-                else:
-                    _last_seen[slot.name] = (mark, value)
+        return value, self._mark(i, value, fingerprint)
 
     def _mark(self, i: int, value: Any, fingerprint: Any) -> Any:
         if fingerprint is not None and self._slots[i].name == "numpy.random" and numpy_unvouched(value):
@@ -247,7 +209,6 @@ class RankStates:
                 if _owner is self:
                     _owner = None
                     _set_all(*self._changed_from_caller())
-                    self._remember_caller()
         finally:
             self._loaded = None
             if taken:

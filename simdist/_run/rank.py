@@ -17,7 +17,6 @@ from .. import _sanitizer, stacks
 from .._backend.process_group import BACKEND_NAME
 from .._core import identity
 from .._core.frames import current_frames
-from .._core.latch import Latch
 from .._cuda.mode import emulating
 from .._isolation import c10d_state, helpers, logging_locks
 from .._isolation.c10d_init import Prepared
@@ -76,11 +75,11 @@ class RankThreads:
         # Whether a rank has ended, by simdist's own bookkeeping: CPython marks a
         # thread as stopped when a join() on it is interrupted (Ctrl-C), so
         # is_alive() cannot be trusted to find the ranks still to take down.
-        self.exited = [Latch() for _ in range(n)]
+        self.exited = [threading.Event() for _ in range(n)]
         # Bodies start once every rank thread has: a rank that computes from the
         # start must not slow the start of the others (with 32 busy ranks, starting
         # threads took many times the watchdog's timeout).
-        self.go = Latch()
+        self.go = threading.Event()
         timeout = timedelta(seconds=world.options.timeout)
         self.init = Prepared(BACKEND_NAME, n, world.store, timeout, world.world_rank_map)
 

@@ -7,13 +7,13 @@ named with its stack and left behind as a daemon.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
 from .. import stacks
 from .._core import identity
 from .._core.frames import current_frames
-from .._core.latch import Latch
 from .._core.pool import Seat
 from ..debug import _hooks as debug_hooks
 from ..errors import SimulationError, SimulationTimeout
@@ -147,7 +147,7 @@ def join(t: Seat, timeout: float) -> None:
 _SLICE_S = 0.05
 
 
-def _wait_event(done: Latch, timeout: float) -> bool:
+def _wait_event(done: threading.Event, timeout: float) -> bool:
     """``done.wait(timeout)``; in a rank (a nested run's caller) in slices, so
     that a stop request of the rank's own run (its Ctrl-C, its watchdog)
     lands within one and the nested run is taken down with it: a wait

@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist._core import affinity, reuse, slots
-from simdist._core.latch import Latch
+from simdist._core import affinity, slots
 from simdist._isolation import hold, rank_state
 
 K = 4
@@ -151,7 +150,6 @@ def test_a_switch_wakes_exactly_the_next_holder(monkeypatch: pytest.MonkeyPatch)
         (threading.Condition, "notify"),
         (threading.Condition, "notify_all"),
         (threading.Event, "set"),
-        (Latch, "set"),
     ]:
         monkeypatch.setattr(owner, name, counting(getattr(owner, name)))
     for world in (8, 1024):
@@ -229,12 +227,10 @@ def test_a_switch_reads_and_writes_the_cpu_generator_only_when_a_rank_drew(
     """The lazy swap: ranks that never draw share the caller's state, so no
     switch touches the generator beyond its in-place fingerprint (the one
     read is the caller's state, at run start, and the run's end finds
-    nothing to put back; a caller whose state is as the last run left it is
-    not read at all); ranks that draw are read at every switch and written,
+    nothing to put back); ranks that draw are read at every switch and written,
     each having its own state."""
     torch.manual_seed(20261202)  # a state no run has seen: read once
     assert _generator_access(monkeypatch, draw=False) == Counter(read=1)
-    # As the last run left it: not read again (a snapshot kept; with reuse off, read).
-    assert _generator_access(monkeypatch, draw=False) == (Counter() if reuse.enabled() else Counter(read=1))
+    assert _generator_access(monkeypatch, draw=False) == Counter(read=1)  # each run reads the caller's
     drawn = _generator_access(monkeypatch, draw=True)
     assert drawn["read"] >= 2 * K and drawn["write"] >= 2 * K, drawn

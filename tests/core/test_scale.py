@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist import Layout
-from simdist._core.spawn import FAN_OUT, StartFailed, TreeStart
+from simdist._core.spawn import StartFailed, ThreadStart
 
 TIMEOUT = 600.0
 
@@ -103,8 +103,8 @@ def test_1024_ranks_that_each_create_every_group_get_the_right_ones() -> None:
         assert got == expected, rank
 
 
-@pytest.mark.parametrize("n", [1, FAN_OUT, FAN_OUT + 2, 37])
-def test_tree_start_runs_every_thread_once(n: int) -> None:
+@pytest.mark.parametrize("n", [1, 2, 37])
+def test_thread_start_runs_every_thread_once(n: int) -> None:
     ran: list[int] = []
     lock = threading.Lock()
 
@@ -112,7 +112,7 @@ def test_tree_start_runs_every_thread_once(n: int) -> None:
         with lock:
             ran.append(i)
 
-    starter = TreeStart(n, target, lambda i: f"t{i}")
+    starter = ThreadStart(n, target, lambda i: f"t{i}")
     starter.start()
     for t in starter.threads:
         t.join(10)
@@ -121,7 +121,7 @@ def test_tree_start_runs_every_thread_once(n: int) -> None:
 
 def test_a_thread_the_os_refuses_is_reported() -> None:
     gate = threading.Event()
-    starter = TreeStart(6, lambda i: gate.wait(10), lambda i: f"t{i}")
+    starter = ThreadStart(6, lambda i: gate.wait(10), lambda i: f"t{i}")
 
     def refuse() -> None:
         raise RuntimeError("can't start new thread")

@@ -1,9 +1,9 @@
 """What a run reuses from the runs before it (``simdist/_core/reuse.py``: parked
-rank threads, the caller's generator snapshots, the prepared c10d init) must
-be invisible: a rank observes the same world with reuse on as with reuse off.
+rank threads, the prepared c10d init) must be invisible: a rank observes the
+same world with reuse on as with reuse off.
 
 The reference is always the same scenario run with reuse off
-(``reuse.ENABLED = False``: new threads, generators read again, c10d's own
+(``reuse.ENABLED = False``: new threads, c10d's own
 ``init_process_group``), from the same caller state. Reuse is switched on
 explicitly for the other half, so the comparison means something under the
 nightly ``SIMDIST_REUSE=0`` profile too. What a rank records is normalised so
@@ -347,7 +347,7 @@ def test_a_second_run_of_the_same_shape_sees_what_it_sees_without_reuse(
 
 
 def test_a_caller_that_draws_between_runs_is_seen_with_its_new_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The generator snapshots kept from the last run must not hide the caller's change."""
+    """Nothing a run keeps (its threads, the state it put back) may hide the caller's change."""
 
     def scenario() -> list[Any]:
         runs: list[list[Any]] = []
