@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from .. import _sanitizer, stacks
 from .._backend.process_group import BACKEND_NAME
@@ -128,7 +127,6 @@ class RankThreads:
     def _body(self, rank: int) -> Any:
         world, options = self.world, self.world.options
         self.init.init_rank(rank)
-        _share_world_rank_map(world)
         ctx = RankContext(
             rank=rank,
             world_size=world.world_size,
@@ -140,17 +138,6 @@ class RankThreads:
         )
         rank_args, rank_kwargs = self.inputs[rank]
         return self.fn(ctx, *rank_args, **rank_kwargs)
-
-
-def _share_world_rank_map(world: World) -> None:
-    """Replace this rank's copy of c10d's world rank map (``{i: i}``, built by
-    ``init_process_group``) by the world's shared one: 4096 ranks would keep
-    4096 copies of a 4096-entry dict (250 KiB each). c10d only reads it."""
-    c10d = dist.distributed_c10d
-    default = c10d._world.default_pg
-    ranks = c10d._world.pg_group_ranks
-    if default in ranks and len(ranks[default]) == world.world_size:
-        ranks[default] = world.world_rank_map
 
 
 def end_helpers(world: World, rank: int, failure: BaseException | None = None) -> None:
