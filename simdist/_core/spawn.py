@@ -5,7 +5,7 @@ caller waits for all of them to have started: the caller is never left
 blocked in ``Thread.start`` when the OS refuses a thread, and a deadline
 stops the starting between two threads. Starting them in a tree (each thread
 starting four more) was measured against this and was slower (4096 new
-threads: 3.7-4.4 s against 2.9-3.3 s; ``benchmarks/mechanisms.py``).
+threads: 3.5-4.4 s against 2.7-3.1 s; ``benchmarks/mechanisms.py``).
 """
 
 from __future__ import annotations
