@@ -17,7 +17,7 @@ and each user of it asks ``enabled()`` at the point where it would reuse:
 Process-wide patches are not reuse: they are counted per run in progress and
 removed once the last run ends, whatever this switch says.
 
-``SIMDIST_REUSE=0`` in the environment when simdist is imported turns every
+``SIMDIST_REUSE=0`` (or false/no/off) in the environment when simdist is imported turns every
 one of them off (the nightly profile runs the suite once that way, so a
 difference between the two is a bug). ``SIMDIST_REUSE_THREADS=0`` turns off
 the parking of rank threads alone.
@@ -26,12 +26,30 @@ the parking of rank threads alone.
 from __future__ import annotations
 
 import os
+import warnings
 
 __all__ = ["ENABLED", "THREADS", "enabled", "threads"]
 
 
+_OFF = frozenset({"0", "false", "no", "off"})
+_ON = frozenset({"", "1", "true", "yes", "on"})
+
+
 def _off(name: str) -> bool:
-    return os.environ.get(name, "1").strip() == "0"
+    """Whether the environment variable ``name`` turns reuse off. A value that
+    is neither (a typo) leaves it on, and says so: a user turning reuse off
+    to rule it out must not be left measuring it on."""
+    value = os.environ.get(name, "1").strip().lower()
+    if value in _OFF:
+        return True
+    if value not in _ON:
+        warnings.warn(
+            f"{name}={os.environ[name]!r} is not understood (0/false/no/off turn reuse off, "
+            f"1/true/yes/on leave it on): reuse stays on",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
 
 
 # Module attributes, so a test can turn reuse off in-process (monkeypatch).

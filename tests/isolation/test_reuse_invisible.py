@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -763,3 +764,24 @@ def test_the_environment_of_a_fresh_interpreter_switches_reuse() -> None:
     enabled, capacity, idle, shared, fast = _fresh_interpreter({"SIMDIST_REUSE": "0"}, runs=True)
     assert enabled == "False" and int(capacity) == 0
     assert (idle, shared, fast) == ("0", "False", "False")
+
+
+@pytest.mark.parametrize("value", ["0", "off", "False", " no "])
+def test_every_spelling_of_off_turns_reuse_off(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMDIST_REUSE", value)
+    assert reuse._off("SIMDIST_REUSE") is True
+
+
+@pytest.mark.parametrize("value", ["1", "on", "TRUE", ""])
+def test_every_spelling_of_on_leaves_reuse_on_quietly(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMDIST_REUSE", value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reuse._off("SIMDIST_REUSE") is False
+
+
+def test_a_value_that_is_neither_says_reuse_stays_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo must not pass for "off" silently: whoever set it is told."""
+    monkeypatch.setenv("SIMDIST_REUSE", "of")
+    with pytest.warns(RuntimeWarning, match=r"SIMDIST_REUSE='of' is not understood.*reuse stays on"):
+        assert reuse._off("SIMDIST_REUSE") is False
