@@ -369,6 +369,62 @@ def compute_floor(case: DraftCase, reps: int) -> float:
         cotrain_groups.world_group = saved_world
 
 
+def _one_case_table(reps: int, no_gloo: bool) -> dict[str, float]:
+    """Part 2: one case per layout on simdist and on gloo; gloo's best time per layout."""
+    gloo_reps = max(1, reps // 2)
+    preloaded = {} if no_gloo else gloo_preloaded(gloo_reps)
+    print(
+        f"2. one case (monolithic + split step on one world); simdist median of {reps}, gloo of {gloo_reps}"
+    )
+    print(
+        f"   {'layout':<12} {'simdist':>9} {'gloo':>9} {'(start-up)':>10} {'gloo, preloaded':>16} "
+        f"{'(start-up)':>10} {'gloo/simdist':>13}"
+    )
+    nan = float("nan")
+    gloo_times: dict[str, float] = {}
+    for layout in LAYOUTS:
+        case = case_for(layout)
+        sim = time_simdist(case, reps)
+        gloo, gloo_start = (nan, nan) if no_gloo else time_gloo(case, gloo_reps)
+        pre, pre_start = preloaded.get(str(layout), (nan, nan))
+        best = min((t for t in (gloo, pre) if t == t), default=nan)
+        gloo_times[str(layout)] = best
+        print(
+            f"   {_name(layout):<12} {sim * 1e3:6.1f} ms {gloo * 1e3:6.0f} ms {gloo_start * 1e3:7.0f} ms "
+            f"{pre * 1e3:13.0f} ms {pre_start * 1e3:7.0f} ms {best / sim:12.1f}x"
+        )
+    return gloo_times
+
+
+def _split_table(reps: int, gloo_times: dict[str, float]) -> None:
+    """Part 3: where a simdist case's time goes, and the floor."""
+    print("3. where a simdist case's time goes (medians, ms per case), and the floor")
+    print(
+        f"   {'layout':<12} {'total':>7} {'world':>7} {'compute':>8} {'in calls':>9} {'calls/rank':>10} "
+        f"{'rest':>6} | {'floor':>6} {'best ratio':>10}"
+    )
+    for layout in LAYOUTS:
+        case = case_for(layout)
+        wall, compute, in_calls = in_world_split(case, reps)
+        world = _median_time(lambda layout=layout: simdist.run(_noop, layout=layout), reps)
+        with simdist.CommStats() as stats:
+            simdist.run(_modes_body, layout=layout, args=_step_args(case))
+        calls = stats.count().calls // layout.world_size
+        floor = compute_floor(case, reps)
+        best = gloo_times[str(layout)] / (world + floor)
+        print(
+            f"   {_name(layout):<12} {wall * 1e3:7.1f} {world * 1e3:7.1f} {compute * 1e3:8.1f} {in_calls * 1e3:9.1f} "
+            f"{calls:>10} {(wall - world - compute - in_calls) * 1e3:6.1f} | {floor * 1e3:6.1f} {best:9.1f}x"
+        )
+    print(
+        "   world: start + teardown of an empty world; compute: rank threads' CPU in the body outside\n"
+        "   torch.distributed calls; in calls: their CPU inside them (simdist's per-call work); rest: total\n"
+        "   minus those (handing the run token between threads, the caller's thread, the machine's other\n"
+        "   load; each column is a median of its own runs, so noise can push it below 0); floor: every\n"
+        "   rank's body in one thread, collectives as no-ops; best ratio: gloo / (world + floor)."
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -406,53 +462,7 @@ def main() -> int:
         campaign(args.budget, args.workers)
     if args.campaign_only:
         return 0
-    gloo_reps = max(1, args.reps // 2)
-    preloaded = {} if args.no_gloo else gloo_preloaded(gloo_reps)
-    print(
-        f"2. one case (monolithic + split step on one world); simdist median of {args.reps}, gloo of {gloo_reps}"
-    )
-    print(
-        f"   {'layout':<12} {'simdist':>9} {'gloo':>9} {'(start-up)':>10} {'gloo, preloaded':>16} "
-        f"{'(start-up)':>10} {'gloo/simdist':>13}"
-    )
-    nan = float("nan")
-    gloo_times: dict[str, float] = {}
-    for layout in LAYOUTS:
-        case = case_for(layout)
-        sim = time_simdist(case, args.reps)
-        gloo, gloo_start = (nan, nan) if args.no_gloo else time_gloo(case, gloo_reps)
-        pre, pre_start = preloaded.get(str(layout), (nan, nan))
-        best = min((t for t in (gloo, pre) if t == t), default=nan)
-        gloo_times[str(layout)] = best
-        print(
-            f"   {_name(layout):<12} {sim * 1e3:6.1f} ms {gloo * 1e3:6.0f} ms {gloo_start * 1e3:7.0f} ms "
-            f"{pre * 1e3:13.0f} ms {pre_start * 1e3:7.0f} ms {best / sim:12.1f}x"
-        )
-    print("3. where a simdist case's time goes (medians, ms per case), and the floor")
-    print(
-        f"   {'layout':<12} {'total':>7} {'world':>7} {'compute':>8} {'in calls':>9} {'calls/rank':>10} "
-        f"{'rest':>6} | {'floor':>6} {'best ratio':>10}"
-    )
-    for layout in LAYOUTS:
-        case = case_for(layout)
-        wall, compute, in_calls = in_world_split(case, args.reps)
-        world = _median_time(lambda layout=layout: simdist.run(_noop, layout=layout), args.reps)
-        with simdist.CommStats() as stats:
-            simdist.run(_modes_body, layout=layout, args=_step_args(case))
-        calls = stats.count().calls // layout.world_size
-        floor = compute_floor(case, args.reps)
-        best = gloo_times[str(layout)] / (world + floor)
-        print(
-            f"   {_name(layout):<12} {wall * 1e3:7.1f} {world * 1e3:7.1f} {compute * 1e3:8.1f} {in_calls * 1e3:9.1f} "
-            f"{calls:>10} {(wall - world - compute - in_calls) * 1e3:6.1f} | {floor * 1e3:6.1f} {best:9.1f}x"
-        )
-    print(
-        "   world: start + teardown of an empty world; compute: rank threads' CPU in the body outside\n"
-        "   torch.distributed calls; in calls: their CPU inside them (simdist's per-call work); rest: total\n"
-        "   minus those (handing the run token between threads, the caller's thread, the machine's other\n"
-        "   load; each column is a median of its own runs, so noise can push it below 0); floor: every\n"
-        "   rank's body in one thread, collectives as no-ops; best ratio: gloo / (world + floor)."
-    )
+    _split_table(args.reps, _one_case_table(args.reps, args.no_gloo))
     return 0
 
 

@@ -285,6 +285,47 @@ def report(runs: list[FileRun]) -> dict[str, object]:
     return {"totals": totals, "share": share}
 
 
+def _gate(runs: list[FileRun], share: float, require: float) -> int:
+    """The nightly job's gate: 1 when a test crashed or stalled on simdist, or the share is short."""
+    broken = [
+        f"{r.path}::{_short(t)}: {r.simdist[t].outcome}"
+        for r in runs
+        for t in r.tests
+        if r.simdist[t].outcome in ("crashed", "stalled")
+    ]
+    if broken or share < require:
+        print(f"\nFAILED the gate: share {100 * share:.1f}% (required {100 * require:.1f}%)")
+        for line in broken:
+            print(f"  {line}")
+        return 1
+    return 0
+
+
+def _run_file(src: Path, rel: str, args: argparse.Namespace, sample: int | None) -> FileRun:
+    """One file on simdist, then its native choice, with a line of figures printed."""
+    run = FileRun(rel)
+    run.tests = [t for t in collect(src, rel) if not args.keyword or args.keyword in t]
+    run.simdist, run.simdist_wall = run_tests(src, rel, run.tests, simdist=True, stall=args.stall)
+    for t in run.tests:  # a test pytest collected but never reported (deselected by its own hooks)
+        run.simdist.setdefault(t, Result("skipped", message="not reported"))
+    chosen = native_choice(run, sample, args.native_skips)
+    if chosen:
+        run.native, run.native_wall = run_tests(src, rel, chosen, simdist=False, stall=args.stall)
+    sd_time = sum(run.simdist[t].seconds for t in chosen if t in run.native)
+    nat_time = sum(r.seconds for r in run.native.values())
+    ratio = (
+        f", those tests {nat_time:.1f} s natively / {sd_time:.1f} s on simdist ({nat_time / sd_time:.0f}x)"
+        if chosen and sd_time > 0
+        else ""
+    )
+    print(
+        f"{rel}: {len(run.tests)} tests, simdist {run.simdist_wall:.0f} s; "
+        f"{len(run.native)} natively in {run.native_wall:.0f} s{ratio}",
+        flush=True,
+    )
+    return run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -323,30 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--src {args.src} lacks {', '.join(missing)}")
     sample = None if args.native == "all" else int(args.native)
     print(f"torch {torch.__version__}, {load_line('at the start')}")
-    runs: list[FileRun] = []
-    for rel in files:
-        run = FileRun(rel)
-        run.tests = [t for t in collect(src, rel) if not args.keyword or args.keyword in t]
-        run.simdist, run.simdist_wall = run_tests(src, rel, run.tests, simdist=True, stall=args.stall)
-        for t in run.tests:  # a test pytest collected but never reported (deselected by its own hooks)
-            run.simdist.setdefault(t, Result("skipped", message="not reported"))
-        chosen = native_choice(run, sample, args.native_skips)
-        if chosen:
-            run.native, run.native_wall = run_tests(src, rel, chosen, simdist=False, stall=args.stall)
-        sd_time = sum(run.simdist[t].seconds for t in chosen if t in run.native)
-        nat_time = sum(r.seconds for r in run.native.values())
-        ratio = (
-            f", those tests {nat_time:.1f} s natively / {sd_time:.1f} s on simdist "
-            f"({nat_time / sd_time:.0f}x)"
-            if chosen and sd_time > 0
-            else ""
-        )
-        print(
-            f"{rel}: {len(run.tests)} tests, simdist {run.simdist_wall:.0f} s; "
-            f"{len(run.native)} natively in {run.native_wall:.0f} s{ratio}",
-            flush=True,
-        )
-        runs.append(run)
+    runs = [_run_file(src, rel, args, sample) for rel in files]
     summary = report(runs)
     print(f"\n{load_line('at the end')}")
     if args.json:
@@ -366,18 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(data, indent=1), encoding="utf-8")
     if args.require is not None:
-        broken = [
-            f"{r.path}::{_short(t)}: {r.simdist[t].outcome}"
-            for r in runs
-            for t in r.tests
-            if r.simdist[t].outcome in ("crashed", "stalled")
-        ]
-        share = float(summary["share"])  # type: ignore[arg-type]
-        if broken or share < args.require:
-            print(f"\nFAILED the gate: share {100 * share:.1f}% (required {100 * args.require:.1f}%)")
-            for line in broken:
-                print(f"  {line}")
-            return 1
+        return _gate(runs, float(summary["share"]), args.require)  # type: ignore[arg-type]
     return 0
 
 

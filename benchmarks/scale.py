@@ -453,13 +453,10 @@ def focus(roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: 
     table(headers, rows)
 
 
-def every_table(
-    roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: int, no_4096: bool
-) -> None:
-    """Every figure but ``--focus``'s, a table each, "now" and "before" per row or column."""
+def _step_table(roots: dict[str, Path], limit: dict[str, float], sizes: list[tuple[int, int, int]]) -> None:
     print("\nStart-up and one step (tp all_reduce, dp all_reduce, pp send/recv), whole simdist.run")
     rows = []
-    for tp, dp, pp in [(8, 16, 8)] + ([] if no_4096 else [(8, 64, 8)]):
+    for tp, dp, pp in sizes:
         row = [f"{tp * dp * pp} ranks, Layout(tp={tp}, dp={dp}, pp={pp})"]
         for name, root in roots.items():
             if name == "before" and tp * dp * pp > 1024:
@@ -471,27 +468,31 @@ def every_table(
         rows.append(row)
     table(["world (first run / second run of the shape)"] + list(roots), rows)
 
-    print(
-        "\nA tp=2 all_reduce per call (ranks 0 and 1 loop; every other rank waits in a barrier), "
-        f"median of {repeats} interleaved"
-    )
+
+def _interleaved_table(
+    roots: dict[str, Path],
+    limits: dict[str, float],
+    child: list[Any],
+    columns: tuple[str, str],
+    ratio: tuple[str, str],
+    headers: list[str],
+) -> None:
+    """A child that measures two things interleaved: both medians and the ratio
+    ``ratio[0] / ratio[1]``, with its spread over the repeats."""
     rows = []
     for name, root in roots.items():
-        r = measure(root, "group_size", 8, 1024, iters, repeats, timeout=limit[name] * repeats)
+        r = measure(root, *child, timeout=limits[name])
         if "error" in r:
             rows.append([name, f"({r['error']})", "", ""])
         else:
             spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            rows.append(
-                [
-                    name,
-                    fmt_time(r["small"]),
-                    fmt_time(r["large"]),
-                    f"{r['large'] / r['small']:.2f}x (per repeat {spread})",
-                ]
-            )
-    table(["simdist", "world 8", "world 1024", "1024 / 8"], rows)
+            quotient = r[ratio[0]] / r[ratio[1]]
+            cells = [fmt_time(r[columns[0]]), fmt_time(r[columns[1]])]
+            rows.append([name, *cells, f"{quotient:.2f}x (per repeat {spread})"])
+    table(headers, rows)
 
+
+def _new_group_tables(roots: dict[str, Path], limit: dict[str, float]) -> None:
     print("\nnew_group called by a rank that is not a member (c10d default: every rank calls it), per call")
     rows = []
     for world in (8, 1024):
@@ -518,10 +519,12 @@ def every_table(
         rows.append(row)
     table(["layout"] + list(roots), rows)
 
+
+def _memory_table(roots: dict[str, Path], limit: dict[str, float], sizes: list[tuple[int, int, int]]) -> None:
     print("\nResident memory per idle rank (every rank waiting in a barrier), against 8 ranks")
     rows = []
     base = {n: measure(root, "rss", 2, 2, 2, timeout=limit[n]) for n, root in roots.items()}
-    for tp, dp, pp in [(8, 16, 8)] + ([] if no_4096 else [(8, 64, 8)]):
+    for tp, dp, pp in sizes:
         row = [f"{tp * dp * pp} ranks"]
         for name, root in roots.items():
             if name == "before" and tp * dp * pp > 1024:
@@ -536,27 +539,39 @@ def every_table(
         rows.append(row)
     table(["world"] + list(roots), rows)
 
+
+def every_table(
+    roots: dict[str, Path], limit: dict[str, float], iters: int, repeats: int, no_4096: bool
+) -> None:
+    """Every figure but ``--focus``'s, a table each, "now" and "before" per row or column."""
+    sizes = [(8, 16, 8)] + ([] if no_4096 else [(8, 64, 8)])
+    _step_table(roots, limit, sizes)
+    print(
+        "\nA tp=2 all_reduce per call (ranks 0 and 1 loop; every other rank waits in a barrier), "
+        f"median of {repeats} interleaved"
+    )
+    _interleaved_table(
+        roots,
+        {n: t * repeats for n, t in limit.items()},
+        ["group_size", 8, 1024, iters, repeats],
+        ("small", "large"),
+        ("large", "small"),
+        ["simdist", "world 8", "world 1024", "1024 / 8"],
+    )
+    _new_group_tables(roots, limit)
+    _memory_table(roots, limit, sizes)
     print(
         "\nSmall all_reduce (8 float32) on 8 ranks: simdist vs torch's threaded test PG, "
         f"median of {repeats} interleaved"
     )
-    rows = []
-    for name, root in roots.items():
-        r = measure(root, "vs_threaded", 8, iters // 2, repeats, timeout=limit[name] + 300)
-        if "error" in r:
-            rows.append([name, f"({r['error']})", "", ""])
-        else:
-            spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            rows.append(
-                [
-                    name,
-                    fmt_time(r["simdist"]),
-                    fmt_time(r["threaded"]),
-                    f"{r['simdist'] / r['threaded']:.2f}x (per repeat {spread})",
-                ]
-            )
-    table(["simdist", "simdist", "threaded PG", "simdist / threaded"], rows)
-
+    _interleaved_table(
+        roots,
+        {n: t + 300 for n, t in limit.items()},
+        ["vs_threaded", 8, iters // 2, repeats],
+        ("simdist", "threaded"),
+        ("simdist", "threaded"),
+        ["simdist", "simdist", "threaded PG", "simdist / threaded"],
+    )
     print("\nOne state swap at a run-token switch (RankStates.switch_to, 8 ranks)")
     rows = []
     for name, root in roots.items():

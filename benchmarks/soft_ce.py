@@ -35,6 +35,7 @@ import json
 import resource
 import sys
 import time
+from typing import Any
 
 from _harness import ROOT, ChildFailed, alternate, child_json, table
 
@@ -204,6 +205,39 @@ def run_variant(
         raise SystemExit(f"variant {variant} (T={tokens}, V={vocab}) failed:\n{exc.stderr}") from None
 
 
+def _vocab_table(results: dict[str, dict[str, Any]]) -> None:
+    """One vocabulary size's variants: time and peak extra memory, each against naive's."""
+    naive = results["naive"]
+    rows = []
+    for variant, result in results.items():
+        extra = result["peak_extra_bytes"]
+        without_grad = extra - result["grad_bytes"]
+        naive_without_grad = naive["peak_extra_bytes"] - naive["grad_bytes"]
+        rows.append(
+            [
+                variant,
+                f"{result['seconds']:.3f}",
+                f"{result['seconds'] / naive['seconds']:.3f}",
+                f"{extra / MIB:.0f}",
+                f"{extra / naive['peak_extra_bytes']:.3f}",
+                f"{without_grad / MIB:.0f}",
+                f"{without_grad / naive_without_grad:.3f}",
+                f"{result['loss']:.6g}",
+            ]
+        )
+    headers = [
+        "variant",
+        "time s",
+        "x naive",
+        "extra MiB",
+        "x naive",
+        "extra w/o grad MiB",
+        "x naive",
+        "loss",
+    ]
+    table(headers, rows, align="<>")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T=512, V=4096 and 16384, chunks 64 and 128")
@@ -258,34 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         naive = results["naive"]
         print(f"\nV={vocab}")
-        rows = []
-        for variant, result in results.items():
-            extra = result["peak_extra_bytes"]
-            without_grad = extra - result["grad_bytes"]
-            naive_without_grad = naive["peak_extra_bytes"] - naive["grad_bytes"]
-            rows.append(
-                [
-                    variant,
-                    f"{result['seconds']:.3f}",
-                    f"{result['seconds'] / naive['seconds']:.3f}",
-                    f"{extra / MIB:.0f}",
-                    f"{extra / naive['peak_extra_bytes']:.3f}",
-                    f"{without_grad / MIB:.0f}",
-                    f"{without_grad / naive_without_grad:.3f}",
-                    f"{result['loss']:.6g}",
-                ]
-            )
-        headers = [
-            "variant",
-            "time s",
-            "x naive",
-            "extra MiB",
-            "x naive",
-            "extra w/o grad MiB",
-            "x naive",
-            "loss",
-        ]
-        table(headers, rows, align="<>")
+        _vocab_table(results)
         share = naive["grad_bytes"] / naive["peak_extra_bytes"]
         print(
             f"  (a fresh {args.dtype} [T, V] gradient alone is {share:.3f}x naive's peak extra memory: "

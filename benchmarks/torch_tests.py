@@ -452,7 +452,7 @@ def seconds(results: dict[str, dict], names: list[str]) -> float:
     return sum(results[n].get("s", 0.0) for n in names if n in results)
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -486,6 +486,56 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    return args
+
+
+def _distributed_test_on_simdist(names: list[str]) -> dict[str, dict[str, Any]]:
+    """distributed_test.py's ``names`` on simdist, printed with the verdicts that need a word."""
+    start = time.perf_counter()
+    sim = run_tests("simdist", "distributed_test", names, timeout=3600)
+    for name in NEEDS_PROCESSES:
+        if name in sim and sim[name]["verdict"] == "fail":
+            sim[name]["verdict"] = "known"  # needs processes: a fail known and documented
+    wall = time.perf_counter() - start
+    print(
+        f"\ndistributed_test.py on simdist (gloo, world 3): {len(names)} tests: {counts(sim)}; {wall:.1f} s wall"
+    )
+    for r in sorted(sim.values(), key=lambda r: r["name"]):
+        if r["verdict"] == "known":
+            print(f"  known {r['name']}: needs processes ({NEEDS_PROCESSES[r['name']]})")
+        elif r["verdict"] in ("fail", "crash"):
+            print(f"  {r['verdict']:5} {r['name']}: {r['why']}")
+    return sim
+
+
+def _native_sample(sample: list[str], sim: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The sample run natively, compared test by test with its simdist verdicts and times."""
+    native = run_tests("native", "distributed_test", sample, timeout=600 * len(sample))
+    print(f"\nnative sample (spawned gloo processes): {len(sample)} tests: {counts(native)}")
+    lost = [n for n in sample if native[n]["verdict"] == "pass" and sim[n]["verdict"] != "pass"]
+    print(f"  pass natively, not on simdist: {lost or 'none'}")
+    gained = [n for n in sample if native[n]["verdict"] != "pass" and sim[n]["verdict"] == "pass"]
+    print(f"  pass on simdist, not natively: {gained or 'none'}")
+    passing = [n for n in sample if native[n]["verdict"] == "pass"]
+    if passing:
+        kept = sum(sim[n]["verdict"] == "pass" for n in passing)
+        print(
+            f"  of the {len(passing)} that pass natively, {kept} pass on simdist "
+            f"({100 * kept / len(passing):.0f}%)"
+        )
+    times = []
+    for n in sample:
+        s_s, n_s = sim[n].get("s", 0.0), native[n].get("s", 0.0)
+        ratio = f"{n_s / s_s:.0f}x" if s_s > 0 else "-"
+        times.append([n, f"{s_s:.2f}", f"{sim[n].get('sleep', 0.0):.2f}", f"{n_s:.2f}", ratio])
+    print()
+    headers = ["test", "simdist s", "of which sleep s", "native s", "native s / simdist s"]
+    table(headers, times, markdown=True)
+    return native
+
+
+def main() -> None:
+    args = _parse_args()
     if args.child == "side-by-side":
         side_by_side(args.repeats, args.out)
         return
@@ -508,21 +558,7 @@ def main() -> None:
         return
     dist_cls = _case_classes("dist")["distributed_test"]
     names = [n for n in unittest.TestLoader().getTestCaseNames(dist_cls) if args.k in n]
-    start = time.perf_counter()
-    sim = run_tests("simdist", "distributed_test", names, timeout=3600)
-    for name in NEEDS_PROCESSES:
-        if name in sim and sim[name]["verdict"] == "fail":
-            sim[name]["verdict"] = "known"  # needs processes: a fail known and documented
-    wall = time.perf_counter() - start
-    print(
-        f"\ndistributed_test.py on simdist (gloo, world 3): {len(names)} tests: {counts(sim)}; {wall:.1f} s wall"
-    )
-    for r in sorted(sim.values(), key=lambda r: r["name"]):
-        if r["verdict"] == "known":
-            print(f"  known {r['name']}: needs processes ({NEEDS_PROCESSES[r['name']]})")
-        elif r["verdict"] in ("fail", "crash"):
-            print(f"  {r['verdict']:5} {r['name']}: {r['why']}")
-
+    sim = _distributed_test_on_simdist(names)
     if args.native_all:
         sample = [n for n in names if sim[n]["verdict"] != "skip"]
     else:
@@ -532,28 +568,7 @@ def main() -> None:
         ]
     rows = []
     if sample:
-        native = run_tests("native", "distributed_test", sample, timeout=600 * len(sample))
-        rows.append(("distributed_test sample", sample, sim, native))
-        print(f"\nnative sample (spawned gloo processes): {len(sample)} tests: {counts(native)}")
-        lost = [n for n in sample if native[n]["verdict"] == "pass" and sim[n]["verdict"] != "pass"]
-        print(f"  pass natively, not on simdist: {lost or 'none'}")
-        gained = [n for n in sample if native[n]["verdict"] != "pass" and sim[n]["verdict"] == "pass"]
-        print(f"  pass on simdist, not natively: {gained or 'none'}")
-        passing = [n for n in sample if native[n]["verdict"] == "pass"]
-        if passing:
-            kept = sum(sim[n]["verdict"] == "pass" for n in passing)
-            print(
-                f"  of the {len(passing)} that pass natively, {kept} pass on simdist "
-                f"({100 * kept / len(passing):.0f}%)"
-            )
-        times = []
-        for n in sample:
-            s_s, n_s = sim[n].get("s", 0.0), native[n].get("s", 0.0)
-            ratio = f"{n_s / s_s:.0f}x" if s_s > 0 else "-"
-            times.append([n, f"{s_s:.2f}", f"{sim[n].get('sleep', 0.0):.2f}", f"{n_s:.2f}", ratio])
-        print()
-        headers = ["test", "simdist s", "of which sleep s", "native s", "native s / simdist s"]
-        table(headers, times, markdown=True)
+        rows.append(("distributed_test sample", sample, sim, _native_sample(sample, sim)))
     for label in ("dtensor",):
         cls = _case_classes("cases")[label]
         cnames = unittest.TestLoader().getTestCaseNames(cls)
