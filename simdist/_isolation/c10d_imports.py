@@ -17,46 +17,29 @@ same in every rank and run.
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import types
-from typing import Any
 
 from .._core.identity import me
-from .import_chain import spec_from_others
+from .import_chain import WrappingFinder, WrappingLoader
 
 PREFIX = "torch.distributed."
 
 
-class _ProcessStateImports(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if not fullname.startswith(PREFIX) or me.c10d is None:
-            return None
-        spec = spec_from_others(self, fullname, path, target)
-        if spec is None:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _Unrouted(spec.loader)
-        return spec
-
-
-class _Unrouted(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        # Look like an ordinary import afterwards (reload, resources).
-        spec = module.__spec__
-        assert spec is not None  # the import system sets it before exec_module
-        module.__loader__ = spec.loader = self.loader
+class _Unrouted(WrappingLoader):
+    def run(self, module: types.ModuleType) -> None:
         state, me.c10d = me.c10d, None
         try:
             self.loader.exec_module(module)
         finally:
             me.c10d = state
+
+
+class _ProcessStateImports(WrappingFinder):
+    wrapper = _Unrouted
+
+    def wants(self, fullname: str) -> bool:
+        return fullname.startswith(PREFIX) and me.c10d is not None
 
 
 FINDER = _ProcessStateImports()

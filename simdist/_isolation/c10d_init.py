@@ -1,24 +1,17 @@
-"""A rank's default group: ``init_process_group``'s effects, from arguments prepared once per run.
+"""A rank's default group: ``init_process_group``'s effects, from arguments
+prepared once per run (docs/internals.md, "Reuse between runs").
 
-Every rank of ``simdist.run`` calls ``init_process_group`` with the same
-backend, store and timeout. c10d's full path per rank costs about as much as
-the rest of an empty rank's life, and builds each rank its own world rank map
-``{i: i for i in range(world_size)}``: O(world) per rank, O(world^2) per run.
+c10d's full path per rank costs about as much as the rest of an empty rank's
+life and builds each rank its own world rank map (O(world^2) per run).
 ``init_rank`` does what that path does for simdist's own world (the same
-group constructor, the same name, store prefix, description, registrations
-and module globals, the shared rank map ``World.world_rank_map``), with the
-per-run work (parsing the backend, checking the timeout, clearing dynamo's
-trace rules) done once by ``Prepared``.
-
-What it leaves out, on purpose: ``sys.excepthook`` is not wrapped once more
-per rank (a process has one hook; 4096 nested "[rankN]" prefixes are no real
-process's), and c10d's timing counter around ``init_process_group`` is not
-counted. It is used only on a torch whose ``init_process_group`` it was
-checked against (``TESTED``), when reuse is on (``_core.reuse``) and
-``TORCH_DIST_INIT_BARRIER`` is not 1 (c10d's store barrier is kept on its own
-path); otherwise every rank takes the full path. ``tests/isolation/
-test_reuse_invisible.py`` compares every field of the c10d state the two
-paths leave.
+group constructor, name, store prefix, description, registrations and module
+globals, with the run's one shared rank map), the per-run work done once by
+``Prepared``. Left out on purpose: ``sys.excepthook`` is not wrapped once
+more per rank (a process has one hook), and c10d's timing counter does not
+count. Used only on a torch it was checked against (``TESTED``), with reuse
+on (``_core.reuse``) and ``TORCH_DIST_INIT_BARRIER`` not 1; otherwise every
+rank takes the full path. ``tests/isolation/test_reuse_invisible.py``
+compares every field of the c10d state the two paths leave.
 """
 
 from __future__ import annotations

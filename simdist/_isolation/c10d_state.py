@@ -1,22 +1,16 @@
-"""Per-rank torch.distributed state, scoped to the threads of simulations.
+"""Per-rank torch.distributed state, scoped to the threads of simulations
+(docs/internals.md, "How it works").
 
-c10d keeps its world (default group, group maps, name counter) in one module
-global, ``distributed_c10d._world``, and registers every group by name in a
-process-global C++ registry (functional collectives and DTensor resolve groups
-through it). While simulations run we swap that global for a router that gives
-each rank (its thread, and the helper threads it starts) its own state and
-leaves every other thread on the original, so a real world used in another
-thread keeps working during a run.
-
-The C++ registry stays process-global (c10d's thread-isolation mode is left
-alone: switching it on would hide a real world's groups from its own threads).
-Instead a group created by a rank gets a registry name unique to its run and
-rank (``"1@simdist3.r0"``; c10d's own bookkeeping and the store prefixes
-keep the plain name every member agrees on), so the name still resolves to that rank's group
-from any thread, and a rank can only ever unregister its own names: a rank
-thread that exits late (blocked in C past its run) cannot touch the caller's
-groups or a later run's. The router stays installed until the last rank
-thread has left, not merely until the last run has returned.
+While simulations run, c10d's one module global ``distributed_c10d._world``
+is a router that gives each rank (its thread and the helper threads it
+starts) its own state and leaves every other thread on the original, so a
+real world used in another thread keeps working. The C++ group registry
+stays process-global (its thread-isolation mode would hide a real world's
+groups from its own threads): a rank's groups are registered under names
+unique to their run and rank (``"1@simdist3.r0"``; c10d's bookkeeping and
+store prefixes keep the plain name), so a rank can only ever unregister its
+own, even a rank thread that exits late (blocked in C past its run). The
+router stays until the last rank thread has left, not merely the last run.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch.distributed as dist
@@ -64,27 +59,36 @@ class _GroupMap(dict):
 _MISSING = object()
 
 
+# The fields of ``c10d._World``, each with a rank's fresh value; those c10d
+# assigns (not only mutates) are settable through the router.
+_FIELDS: dict[str, Callable[[], Any]] = {
+    "default_pg": lambda: None,
+    "pg_map": _GroupMap,
+    "pg_names": dict,
+    "pg_group_ranks": dict,
+    "pg_backend_config": dict,
+    "group_count": int,
+    "tags_to_pg": dict,
+    "pg_to_tag": dict,
+    "pg_coalesce_state": dict,
+    "comms": list,
+}
+_SETTABLE = ("default_pg", "group_count")
+
+
 class RankWorldState:
     """The fields of ``c10d._World`` for one rank (shared by its threads)."""
 
     def __init__(self, scope: str = "") -> None:
-        self.default_pg: Any = None
-        self.pg_map: dict = _GroupMap()
-        self.pg_names: dict = {}
-        self.pg_group_ranks: dict = {}
-        self.pg_backend_config: dict = {}
-        self.group_count = 0
-        self.tags_to_pg: dict = {}
-        self.pg_to_tag: dict = {}
-        self.pg_coalesce_state: dict = {}
-        self.comms: list = []
+        for name, fresh in _FIELDS.items():
+            setattr(self, name, fresh())
         self.scope = scope
         # Registry names this rank registered, with their groups: only these
         # may it unregister, and a caller that wipes the registry gets them back.
         self.registered: dict[str, Any] = {}
 
 
-def _routed(name: str, settable: bool = False) -> property:
+def _routed(name: str) -> property:
     def get(self: _ThreadRoutedWorld) -> Any:
         # _target() inlined: c10d reads these several times per collective.
         return getattr(me.c10d or self._original, name)
@@ -92,7 +96,7 @@ def _routed(name: str, settable: bool = False) -> property:
     def set_(self: _ThreadRoutedWorld, value: Any) -> None:
         setattr(self._target(), name, value)
 
-    return property(get, set_ if settable else None)
+    return property(get, set_ if name in _SETTABLE else None)
 
 
 class _ThreadRoutedWorld(c10d._World):
@@ -102,16 +106,9 @@ class _ThreadRoutedWorld(c10d._World):
     def _target(self) -> Any:
         return me.c10d or self._original
 
-    default_pg = _routed("default_pg", settable=True)
-    pg_map = _routed("pg_map")
-    pg_names = _routed("pg_names")
-    pg_group_ranks = _routed("pg_group_ranks")
-    pg_backend_config = _routed("pg_backend_config")
-    group_count = _routed("group_count", settable=True)
-    tags_to_pg = _routed("tags_to_pg")
-    pg_to_tag = _routed("pg_to_tag")
-    pg_coalesce_state = _routed("pg_coalesce_state")
-    comms = _routed("comms")
+
+for _name in _FIELDS:
+    setattr(_ThreadRoutedWorld, _name, _routed(_name))
 
 
 def scoped_name(name: str) -> str:
@@ -259,14 +256,14 @@ def _set_pg_timeout(timeout: Any, group: Any = None) -> None:
     return None
 
 
-_WRAPPERS = {
-    "_set_pg_timeout": _set_pg_timeout,
-    "rendezvous": _rendezvous,
-    "_new_process_group_helper": _new_process_group_helper,
-    "_register_process_group": _register_process_group,
-    "_unregister_process_group": _unregister_process_group,
-    "_unregister_all_process_groups": _unregister_all_process_groups,
-}
+_WRAPPERS = (
+    (c10d, "_set_pg_timeout", _set_pg_timeout),
+    (c10d, "rendezvous", _rendezvous),
+    (c10d, "_new_process_group_helper", _new_process_group_helper),
+    (c10d, "_register_process_group", _register_process_group),
+    (c10d, "_unregister_process_group", _unregister_process_group),
+    (c10d, "_unregister_all_process_groups", _unregister_all_process_groups),
+)
 
 
 def _route_locked() -> None:
@@ -274,9 +271,7 @@ def _route_locked() -> None:
         return
     _saved["world"] = c10d._world
     c10d._world = _ThreadRoutedWorld(c10d._world)
-    for name, wrapper in _WRAPPERS.items():
-        _patched[name] = getattr(c10d, name)
-        setattr(c10d, name, wrapper)
+    patches.swap_in(_patched, _WRAPPERS)
     c10d_imports.install()
 
 
@@ -284,10 +279,9 @@ def _unroute_if_idle_locked() -> None:
     if _runs or _live or "world" not in _saved:
         return
     c10d_imports.uninstall()
-    for name, original in _patched.items():
-        setattr(c10d, name, original)
-    # _patched is kept: a module that imported a wrapper by name while routing
-    # was on (``from ...distributed_c10d import _register_process_group``) still calls it.
+    # (_patched is kept: a module that imported a wrapper by name while routing
+    # was on, ``from ...distributed_c10d import _register_process_group``, still calls it.)
+    patches.swap_out(_patched, _WRAPPERS)
     c10d._world = _saved.pop("world")
 
 
@@ -345,7 +339,7 @@ patches.register(
     uninstall,
     # the router, the registry wrappers, what ranks' init_process_group sets,
     # and the finder that imports torch.distributed modules unrouted (c10d_imports)
-    [(c10d, "_world"), *((c10d, name) for name in _WRAPPERS)]
+    [(c10d, "_world"), *((c10d, name) for _, name, _ in _WRAPPERS)]
     + [(c10d, "_backend"), (c10d, "_default_pg_init_method"), (sys, "excepthook"), (sys, "meta_path")],
     lambda owner, attribute, value: _peel(owner, value),
 )
@@ -361,11 +355,6 @@ def new_rank_state(run_id: int, rank: int) -> RankWorldState:
 
 def new_run_id() -> int:
     return next(_scopes)
-
-
-def current_state() -> RankWorldState | None:
-    state: RankWorldState | None = me.c10d
-    return state
 
 
 def leave_rank_thread() -> None:

@@ -31,7 +31,7 @@ from .._core import identity
 from .._core.records import ThreadExit
 from .._core.scheduler import Scheduler
 from .._core.slots import HelperSlot
-from . import c10d_state, compiling, logging_locks, patches, profiler
+from . import compiling, logging_locks, patches, profiler
 
 _originals: dict[str, Any] = {}
 
@@ -49,7 +49,7 @@ def _start(self: threading.Thread) -> None:
         return _originals["start"](self)
     world, rank = owner
     scheduler: Scheduler = world.scheduler
-    state = c10d_state.current_state()
+    state = identity.me.c10d
     executor = None
     if getattr(self, "_target", None) is concurrent.futures.thread._worker:
         executor = self._args[0]  # type: ignore[attr-defined]  # a weak reference
@@ -140,7 +140,7 @@ def _join(self: threading.Thread, timeout: float | None = None) -> None:
 
 
 def _init_executor(self: concurrent.futures.ThreadPoolExecutor, *args: Any, **kwargs: Any) -> None:
-    _originals["executor_init"](self, *args, **kwargs)
+    _originals["__init__"](self, *args, **kwargs)
     owner = _owner()
     if owner is not None and compiling.holds_compile_lock():
         # torch.compile's own pool (inductor's compile workers), made once
@@ -250,49 +250,16 @@ def _exception(self: concurrent.futures.Future, timeout: float | None = None) ->
     return _originals["exception"](self, timeout)
 
 
-def install() -> None:
-    """Adopt helper threads of ranks (once for all runs: see ``patches``)."""
-    _originals.update(
-        start=threading.Thread.start,
-        join=threading.Thread.join,
-        result=concurrent.futures.Future.result,
-        exception=concurrent.futures.Future.exception,
-        submit=concurrent.futures.ThreadPoolExecutor.submit,
-        executor_init=concurrent.futures.ThreadPoolExecutor.__init__,
-    )
-    concurrent.futures.ThreadPoolExecutor.__init__ = _init_executor  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    threading.Thread.start = _start  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    threading.Thread.join = _join  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.Future.result = _result  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.Future.exception = _exception  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]  # a wrapper with the same run-time signature
-
-
-def uninstall() -> None:
-    threading.Thread.start = _originals["start"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    threading.Thread.join = _originals["join"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.Future.result = _originals["result"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.Future.exception = _originals["exception"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.ThreadPoolExecutor.submit = _originals["submit"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    concurrent.futures.ThreadPoolExecutor.__init__ = _originals["executor_init"]  # type: ignore[method-assign]  # the process-wide patch (_isolation.patches)
-    # _originals is kept: a thread of the process that found a patched method
-    # just before this (a start, a join) still calls through it.
-
-
-patches.register(
+# Adopt helper threads of ranks (once for all runs: see ``patches``).
+patches.register_swap(
     "helper threads",
-    install,
-    uninstall,
+    _originals,
     [
-        (threading.Thread, "start"),
-        (threading.Thread, "join"),
-        (concurrent.futures.Future, "result"),
-        (concurrent.futures.Future, "exception"),
-        (concurrent.futures.ThreadPoolExecutor, "submit"),
-        (concurrent.futures.ThreadPoolExecutor, "__init__"),
+        (threading.Thread, "start", _start),
+        (threading.Thread, "join", _join),
+        (concurrent.futures.Future, "result", _result),
+        (concurrent.futures.Future, "exception", _exception),
+        (concurrent.futures.ThreadPoolExecutor, "submit", _submit),
+        (concurrent.futures.ThreadPoolExecutor, "__init__", _init_executor),
     ],
 )
-
-
-def helper_ids(helpers: list[HelperSlot]) -> list[int]:
-    return [h.thread_id for h in helpers if h.thread_id is not None]

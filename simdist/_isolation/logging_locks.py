@@ -17,36 +17,19 @@ whatever it holds then is held by no frame, only leaked.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .._core import identity
 
 
-def _locks() -> list[Any]:
-    found = [logging._lock]  # type: ignore[attr-defined]  # private: logging's module lock
-    for ref in list(logging._handlerList):  # type: ignore[attr-defined]  # private: weak references to every Handler
-        handler = ref()
-        lock = getattr(handler, "lock", None)
-        if lock is not None:
-            found.append(lock)
-    return found
-
-
-def release_leaked() -> int:
-    """Release every logging lock (module and handlers') this thread still
-    owns; returns how many acquisitions were given back."""
-    released = 0
-    for lock in _locks():
+def release_if_stopped() -> None:
+    """At a bound thread's end (its gate shut, before it unbinds): when simdist
+    sent this thread a stop, release every logging lock (the module's and
+    each handler's) it still owns."""
+    gate = identity.me.gate
+    if gate is None or not gate.stopped:
+        return
+    handlers = [ref() for ref in list(logging._handlerList)]  # type: ignore[attr-defined]  # private: weak references to every Handler
+    for lock in [logging._lock, *(getattr(h, "lock", None) for h in handlers)]:  # type: ignore[attr-defined]  # private: logging's module lock
         owned = getattr(lock, "_is_owned", None)  # RLock's (logging's locks are RLocks)
         while owned is not None and owned():
             lock.release()
-            released += 1
-    return released
-
-
-def release_if_stopped() -> None:
-    """At a bound thread's end (its gate shut, before it unbinds): release
-    what ``release_leaked`` finds, when simdist sent this thread a stop."""
-    gate = identity.me.gate
-    if gate is not None and gate.stopped:
-        release_leaked()

@@ -1,72 +1,43 @@
 """Every process-wide patch simdist makes, in one ordered, refcounted registry.
 
-While runs are in progress simdist changes things a process has once:
+While runs are in progress simdist changes things a process has once. Each
+module that owns a patch registers it under its name in ``ORDER``, with the
+attributes it replaces (so this module imports none of them): the
+``import hook`` (``rank_local_defaults``), ``c10d routing`` (``c10d_state``
+and ``c10d_imports``; it stays until the last rank thread has left, even
+after the last run returned), ``ddp logging`` (``_backend.ddp_logging``),
+``prefix store`` (``simdist.store``), ``debugger`` (``debug._pdb``),
+``helper threads`` (``helpers``), ``profiler`` (``profiler``), ``async
+sanitizer`` (``_sanitizer.backward``) and ``cuda emulation``
+(``_cuda.patch``; only runs with ``cuda="emulate"`` lease it).
 
-1. ``import hook``: a ``sys.meta_path`` finder recording Megatron's fresh
-   globals when a rank imports it first (``rank_local_defaults``); only for
-   runs whose process has not imported Megatron yet.
-2. ``c10d routing``: ``distributed_c10d._world`` routed per rank thread and
-   c10d's group registry scoped per rank (``c10d_state``), with a
-   ``sys.meta_path`` finder running torch.distributed modules a rank imports
-   first against the process's state (``c10d_imports``); it stays until the
-   last rank thread has left, even after the last run returned.
-3. ``ddp logging``: ``DistributedDataParallel._get_ddp_logging_data``, so
-   that a simulated group reports the backend the program asked for
-   (``_backend.ddp_logging``).
-4. ``prefix store``: ``PrefixStore.num_keys``/``delete_key`` reaching the
-   world's Python store through c10d's C++ prefixes (``simdist.store``).
-5. ``debugger``: ``pdb.Pdb.interaction``, so that every Pdb stopping in a rank
-   thread names the rank and pauses its world (``debug._pdb``).
-6. ``helper threads``: six stdlib methods (``Thread.start``/``join``,
-   ``Future.result``/``exception``, ``ThreadPoolExecutor.__init__``/``submit``)
-   that make threads a rank starts the rank's (``helpers``).
-7. ``profiler``: ``torch.autograd.profiler.profile``'s ``_prepare_trace``,
-   ``_start_trace`` and ``_parse_kineto_results``, ``torch.autograd``'s
-   ``_add_metadata_json``, and ``torch.autograd.profiler``'s
-   ``_prepare_profiler``, ``_enable_profiler`` and ``_disable_profiler``, so
-   that each rank profiles its own thread on torch's thread-local profiler
-   and Kineto, reached directly from a second thread, is refused instead of
-   crashing the interpreter (``profiler``).
-8. ``async sanitizer``: autograd's backward entry points, so that backward
-   runs under the rank's sanitizer (``_sanitizer.backward``).
-9. ``cuda emulation``: ``torch.cuda``'s device API (``is_available``,
-   ``device_count``, ``current_device``, ``set_device``, ``device`` and the
-   device's name and properties, streams, generators, memory statistics),
-   answered per rank in runs with ``cuda="emulate"`` and torch's own
-   everywhere else (``_cuda.device_api``); with it NCCL's availability,
-   autocast's entry, ``UntypedStorage.resize_``, autograd's engine entry,
-   ``torch.compile`` (CUDA graphs refused) and, where Triton is installed,
-   its kernels' launch (refused); only those runs lease it.
-
-``ORDER`` is the one list (each module registers its patch under its name,
-with the attributes it replaces, so this module imports none of them): each
-patch is installed by the first run that needs it, in this order, and removed
-by the last, in the reverse order; a run holds a ``Lease`` on the patches it
-needs. A lease whose set-up fails removes what it had installed before
-raising, and releasing a lease twice does nothing, so a run that fails
+Each patch is installed by the first run that needs it, in ``ORDER``, and
+removed by the last, in the reverse order; a run holds a ``Lease`` on the
+patches it needs. A lease whose set-up fails removes what it had installed
+before raising, and releasing a lease twice does nothing, so a run that fails
 anywhere leaves the process as it was. A patch removed restores only what it
 changed: a place that holds, when the patch is removed, neither what the
 patch put there nor a value the runs' own code set (c10d's
 ``init_process_group`` wrapping ``sys.excepthook`` in a rank) was changed by
 somebody else since (the caller set ``sys.excepthook``, wrapped
 ``Thread.start``) and keeps that value (with the runs' own wrappers peeled
-off: ``peel``). Outside runs every attribute a patch
-names holds the process's own value again (``current_values``: what tests
-compare before and after runs).
+off: ``peel``). Outside runs every attribute a patch names holds the
+process's own value again (``current_values``: what tests compare before and
+after runs).
 
 Not patches, so not here: the process hold of ``hold`` (a record, never a
 lock held across calls: nothing to install or leave behind); per-run state
-swapped at token switches and given back to the caller by ``rank_state``
-(``rank_local=`` entries, DTensor's and Megatron's globals); and the SIGUSR1
-stack dump (``debug._dump``), a signal handler set once and only where the
-process has none, kept on purpose so that a hung process can be asked for
-its stacks at any time.
+swapped at token switches and given back to the caller by ``rank_state``;
+and the SIGUSR1 stack dump (``debug._dump``), a signal handler set once and
+only where the process has none, kept on purpose so that a hung process can
+be asked for its stacks at any time.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 _ABSENT = "<absent>"
 
@@ -152,6 +123,34 @@ def register(
     if name not in ORDER:
         raise ValueError(f"simdist patch {name!r} is not in patches.ORDER {ORDER}")
     _BY_NAME[name] = Patch(name, install, uninstall, changes, peel)
+
+
+Replacements = Sequence[tuple[object, str, object]]
+
+
+def swap_in(originals: dict[str, Any], replacements: Replacements) -> None:
+    """Put each ``(owner, attribute, new)`` in place, keeping what it replaces
+    in ``originals`` under the attribute's name."""
+    for owner, attribute, new in replacements:
+        originals[attribute] = getattr(owner, attribute)
+        setattr(owner, attribute, new)
+
+
+def swap_out(originals: dict[str, Any], replacements: Replacements) -> None:
+    """Put the originals back. ``originals`` is kept: a thread that found a
+    replacement just before (a start, a join) still calls through it."""
+    for owner, attribute, _ in replacements:
+        setattr(owner, attribute, originals[attribute])
+
+
+def register_swap(name: str, originals: dict[str, Any], replacements: Replacements) -> None:
+    """``register`` a patch that only replaces attributes (``swap_in``/``swap_out``)."""
+    register(
+        name,
+        lambda: swap_in(originals, replacements),
+        lambda: swap_out(originals, replacements),
+        [(owner, attribute) for owner, attribute, _ in replacements],
+    )
 
 
 _lock = threading.RLock()  # (a patch's own install may take a lease: re-entrant)

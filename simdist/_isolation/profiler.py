@@ -1,41 +1,20 @@
-"""torch's profiler inside ranks: every rank profiles its own thread, all at once.
+"""torch's profiler inside ranks: every rank profiles its own thread, all at
+once (docs/torch-state.md, "The profiler").
 
-``torch.autograd.profiler.profile`` and ``torch.profiler.profile`` run on
-Kineto, whose activity profiler is a process singleton: two sessions open at
-once on two threads crash the interpreter (SIGSEGV) when either is closed. A
-real world runs each rank in its own process, so every rank may profile at
-once, and PyTorch's own tests do (their collectives inside a profiler, on
-every rank). Taking turns with the one session is no way out: closing a
-rank's session at a run-token switch and reopening it at the next frees the
-records a RecordFunction still open across the switch (a ``record_function``
-around a collective, autograd's own) writes into when it ends (measured: a
-segfault at exit).
-
-So a session that a rank opens (on its thread or one of its helper threads,
-during a run) runs on torch's thread-local profiler instead, the one
-``torch.autograd.profiler_legacy`` drives: its state and callbacks belong to
-the thread, any number of threads may have one open at once, and the profile
-object ends with the usual ``FunctionEvent`` list (``function_events``,
-``events()``, ``key_averages()``, ``table()``, ``export_chrome_trace``).
-Such a session records the thread's ops and ``record_function`` ranges as
-Kineto does on CPU, plus what gloo's own profiling adds: each collective and
-point-to-point call of simdist's backend, issued while the session is open,
-is an asynchronous event named as gloo names it (``gloo:all_reduce``,
-``gloo:send``, ``gloo:recvAnySource``, with the backend name the program
-asked for) carrying the call's input shapes (``collective``). What it cannot
-give: device activities, and Kineto's own result (``experimental_event_tree``,
-the memory timeline), which raise ``UnsupportedOperationError`` when asked.
-
-Sessions outside ranks (the caller's around ``simdist.run``, any thread
-outside a run) stay Kineto's. Kineto itself, reached directly
-(``torch.autograd.profiler._prepare_profiler``/``_enable_profiler`` with a
-session of another thread open), is refused with ``UnsupportedOperationError``
-in the thread that tries instead of crashing, naming the holder.
-
-A rank that ends with its session still open (``prof.__enter__()`` without
-``__exit__``) would leave it to its parked thread's next run:
-``close_left_open`` closes it, on the thread that opened it; helper threads
-and rank threads call it as they end.
+Kineto's activity profiler is a process singleton: two sessions open at once
+on two threads crash the interpreter (SIGSEGV) when either is closed. Taking
+turns with the one session is no way out: closing a rank's session at a
+run-token switch and reopening it at the next frees the records a
+RecordFunction still open across the switch writes into when it ends
+(measured: a segfault at exit). So a session a rank opens (on its thread or
+a helper thread, during a run) runs on torch's thread-local profiler, the one
+``torch.autograd.profiler_legacy`` drives, plus an asynchronous event per
+backend call, named as gloo names it (``collective``); Kineto's own result
+raises ``UnsupportedOperationError``. Sessions outside ranks stay Kineto's;
+Kineto reached directly with a session of another thread open is refused in
+the thread that tries, naming the holder. A session a thread leaves open is
+closed at its end (``close_left_open``), never carried into a parked
+thread's next run.
 """
 
 from __future__ import annotations
@@ -56,10 +35,8 @@ from .._core.identity import me
 from ..errors import UnsupportedOperationError
 from . import patches
 
-__all__ = ["RankProfile", "close_left_open", "collective", "holder", "rank_session_open"]
+__all__ = ["RankProfile", "close_left_open", "collective", "holder"]
 
-_PATCHED = ("_prepare_profiler", "_enable_profiler", "_disable_profiler")
-_PATCHED_PROFILE = ("_prepare_trace", "_start_trace", "_parse_kineto_results")
 _originals: dict[str, Any] = {}
 _lock = threading.Lock()
 # The thread whose Kineto session is open (its ident and a description), or None.
@@ -83,11 +60,6 @@ _sessions: dict[int, _RankSession] = {}
 _by_rank: dict[tuple[int, int], _RankSession] = {}
 # Any rank session open: the backend's cheap check before it records a call.
 active = False
-
-
-def rank_session_open() -> bool:
-    """Whether the calling thread has a rank session open (tests, thread resets)."""
-    return threading.get_ident() in _sessions
 
 
 def collective(title: str, inputs: Sequence[torch.Tensor], start_ns: int) -> None:
@@ -177,14 +149,14 @@ class RankProfile:
 
 def _prepare_trace(self: Any) -> None:
     if me.world is None:
-        return _originals["profile._prepare_trace"](self)
+        return _originals["_prepare_trace"](self)
     self.entered = True  # the thread-local profiler has nothing to prepare
 
 
 def _start_trace(self: Any) -> None:
     world = me.world
     if world is None:
-        return _originals["profile._start_trace"](self)
+        return _originals["_start_trace"](self)
     global active
     self.entered = True
     autograd_profiler._run_on_profiler_start()
@@ -221,7 +193,7 @@ def _add_metadata_json(key: str, value: str) -> None:
 def _parse_kineto_results(self: Any, result: Any, timeout_s: float | None = None) -> Any:
     if isinstance(result, RankProfile):
         return result.function_events()
-    return _originals["profile._parse_kineto_results"](self, result, timeout_s=timeout_s)
+    return _originals["_parse_kineto_results"](self, result, timeout_s=timeout_s)
 
 
 def _end_rank_session() -> _RankSession | None:
@@ -280,22 +252,18 @@ def _release() -> None:
             _holder = None
 
 
-def _prepare_profiler(*args: Any, **kwargs: Any) -> Any:
-    _claim()
-    try:
-        return _originals["_prepare_profiler"](*args, **kwargs)
-    except BaseException:
-        _release()
-        raise
+def _claiming(name: str) -> Any:
+    """torch's ``name`` (Kineto's session opening), for one thread at a time."""
 
+    def claim_then_call(*args: Any, **kwargs: Any) -> Any:
+        _claim()
+        try:
+            return _originals[name](*args, **kwargs)
+        except BaseException:
+            _release()
+            raise
 
-def _enable_profiler(*args: Any, **kwargs: Any) -> Any:
-    _claim()
-    try:
-        return _originals["_enable_profiler"](*args, **kwargs)
-    except BaseException:
-        _release()
-        raise
+    return claim_then_call
 
 
 def _disable_profiler(*args: Any, **kwargs: Any) -> Any:
@@ -324,17 +292,20 @@ def close_left_open() -> bool:
     return True
 
 
+_REPLACEMENTS = (
+    (autograd_profiler, "_prepare_profiler", _claiming("_prepare_profiler")),
+    (autograd_profiler, "_enable_profiler", _claiming("_enable_profiler")),
+    (autograd_profiler, "_disable_profiler", _disable_profiler),
+    (autograd_profiler.profile, "_prepare_trace", _prepare_trace),
+    (autograd_profiler.profile, "_start_trace", _start_trace),
+    (autograd_profiler.profile, "_parse_kineto_results", _parse_kineto_results),
+    (torch.autograd, "_add_metadata_json", _add_metadata_json),
+)
+
+
 def install() -> None:
     global _holder
-    profile = autograd_profiler.profile
-    _originals.update({name: getattr(autograd_profiler, name) for name in _PATCHED})
-    _originals.update({f"profile.{name}": vars(profile)[name] for name in _PATCHED_PROFILE})
-    for name in _PATCHED:
-        setattr(autograd_profiler, name, globals()[name])
-    for name in _PATCHED_PROFILE:
-        setattr(profile, name, globals()[name])
-    _originals["_add_metadata_json"] = torch.autograd._add_metadata_json
-    torch.autograd._add_metadata_json = _add_metadata_json
+    patches.swap_in(_originals, _REPLACEMENTS)
     # The first run's caller may be inside a session of its own (a profiler
     # around simdist.run): its thread holds the process's Kineto session.
     with _lock:
@@ -344,21 +315,12 @@ def install() -> None:
 
 def uninstall() -> None:
     global _holder
-    for name in _PATCHED:
-        setattr(autograd_profiler, name, _originals[name])
-    for name in _PATCHED_PROFILE:
-        setattr(autograd_profiler.profile, name, _originals[f"profile.{name}"])
-    torch.autograd._add_metadata_json = _originals["_add_metadata_json"]
+    patches.swap_out(_originals, _REPLACEMENTS)
     with _lock:
         # Outside runs nothing is tracked: the next run looks afresh.
         _holder = None
 
 
 patches.register(
-    "profiler",
-    install,
-    uninstall,
-    [(autograd_profiler, name) for name in _PATCHED]
-    + [(autograd_profiler.profile, name) for name in _PATCHED_PROFILE]
-    + [(torch.autograd, "_add_metadata_json")],
+    "profiler", install, uninstall, [(owner, attribute) for owner, attribute, _ in _REPLACEMENTS]
 )

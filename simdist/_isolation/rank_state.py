@@ -98,12 +98,14 @@ class RankStates:
                 if _owner is not None:
                     previous, _owner = _owner, None
                     previous._evict()
-                read = [self._caller_value(i, slot) for i, slot in enumerate(self._slots)]
-                self._caller = [value for value, _ in read]
+                fingerprints = [slot.fingerprint() for slot in self._slots]
+                self._caller = [slot.get() for slot in self._slots]
                 self._held = list(self._caller)  # the values the process holds now
                 # The fingerprint of the process state when each held value was
                 # read or loaded (None: cannot vouch, read it at the next switch).
-                self._marks = [mark for _, mark in read]
+                self._marks = [
+                    self._mark(i, v, f) for i, (v, f) in enumerate(zip(self._caller, fingerprints))
+                ]
                 # The process holds the caller's values, just read: the first
                 # switch checks fingerprints instead of reading every slot again
                 # (numpy's state alone costs tens of us to read and to write).
@@ -114,12 +116,6 @@ class RankStates:
             for slot in self._slots:
                 slot.close()  # the import hook a default slot put in place
             raise
-
-    def _caller_value(self, i: int, slot: _Slot) -> tuple[Any, Any]:
-        """The caller's value of a slot and the fingerprint that vouches for it."""
-        fingerprint = slot.fingerprint()
-        value = slot.get()
-        return value, self._mark(i, value, fingerprint)
 
     def _mark(self, i: int, value: Any, fingerprint: Any) -> Any:
         if fingerprint is not None and self._slots[i].name == "numpy.random" and numpy_unvouched(value):

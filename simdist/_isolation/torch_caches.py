@@ -1,39 +1,23 @@
-"""torch.distributed's process-wide caches, audited: which must be each rank's own.
+"""torch.distributed's process-wide caches, audited: which must be each rank's
+own (docs/torch-state.md, "torch.distributed's caches").
 
-A process keeps a module-level cache once. In a real world every rank is a
-process and fills its own; simdist's rank threads would share one. A cache is
-harmless shared when its value depends only on its key; it gives silent wrong
-answers when its keys compare equal across ranks while its values are
-rank-specific. DTensor's redistribute planner is the case that bit: a
-``DeviceMesh`` compares equal on every rank of a world (same shape, same
-ranks), so ``_gen_transform_infos`` handed rank 1 the transform steps rank 0
-had computed from its own mesh coordinate (uneven shards came out of the wrong
-rows), and ``_planner_cache`` handed it a planner holding rank 0's mesh.
+A cache is harmless shared when its value depends only on its key; it gives
+silent wrong answers when its keys compare equal across ranks (a
+``DeviceMesh`` does: same shape, same ranks) while its values are
+rank-specific. Every cache-like object torch.distributed keeps at module or
+class level is in exactly one table below, and
+``tests/isolation/test_torch_caches.py`` fails on one in none:
 
-Every cache-like object torch.distributed keeps at module or class level
-(``functools`` cache wrappers, dicts, weak dicts, thread-locals, and those held
-by module-level singletons such as DTensor's op dispatcher) is listed below in
-exactly one table; ``tests/isolation/test_torch_caches.py`` walks every
-torch.distributed module and fails on one that is in none, so a torch release
-that adds a cache is looked at before it can give wrong values:
-
-* ``PER_RANK``: rank-specific values under keys equal across ranks. Each rank
-  gets its own, empty at run start, and the caller's is put back when the run
-  ends: ``module_slot`` swaps them at every token switch (``rank_state``), the
-  way ``rank_local_defaults`` swaps DTensor's handler table. A cache is
-  swapped by rebinding the name to the rank's own object, which reaches every
-  caller because torch looks each one up by that name at call time (the test
-  checks that no other module holds it under another name); a dict of
-  ``torch.distributed`` itself (``IN_PLACE``) keeps its identity and has its
-  contents swapped instead, so that the package's own namespace is never
-  rebound during a run (what the patch registry's test watches).
-* ``OWN_ALREADY``: already each rank's, by other means (thread-locals, the
-  c10d router of ``c10d_state``, the handler-table slot).
+* ``PER_RANK``: each rank gets its own, empty at run start (``module_slot``,
+  swapped by ``rank_state``). A cache is swapped by rebinding its name, which
+  reaches every caller because torch looks each one up by that name at call
+  time; a dict of ``torch.distributed`` itself (``IN_PLACE``) has its
+  contents swapped instead, so the package's own namespace is never rebound
+  during a run (what the patch registry's test watches).
+* ``OWN_ALREADY``: each rank's by other means (thread-locals, the c10d
+  router of ``c10d_state``, the handler-table slot).
 * ``RANK_INDEPENDENT``: registries filled at import, constant tables, caches
   whose value depends only on the key, warn-once memos.
-
-Under ``schedule="concurrent"`` nothing is swapped (as for every per-rank
-state), and a helper thread sees the caches of whichever rank holds the token.
 """
 
 from __future__ import annotations
@@ -276,23 +260,9 @@ def fresh_cache(value: Any) -> Any:
     raise TypeError(f"not a cache simdist knows how to renew: {type(value).__name__}")
 
 
-def _locate(module: types.ModuleType, path: str) -> tuple[Any, str]:
-    *owners, attr = path.split(".")
-    owner: Any = module
-    for name in owners:
-        owner = getattr(owner, name)
-    return owner, attr
-
-
-def _read(owner: Any, attr: str) -> Any:
-    # A class's raw entry (a staticmethod stays one); a module's global.
-    return vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
-
-
 def _namespace(owner: Any) -> Any:
-    """Where ``_read`` finds ``owner``'s attributes, as a live mapping: a
-    module's dict, a class's mappingproxy (the places ``PER_RANK`` names
-    are all on one or the other)."""
+    """Where a per-rank cache lives, as a live mapping: a module's dict or a
+    class's mappingproxy (a class's raw entry: a staticmethod stays one)."""
     if not isinstance(owner, (type, types.ModuleType)):
         raise TypeError(f"a per-rank cache must live on a module or a class, not on {type(owner).__name__}")
     return vars(owner)
@@ -315,30 +285,24 @@ def module_slot(module: types.ModuleType) -> _Slot:
     made = _made.get(module.__name__)
     if made is not None and made[0] is module:
         return made[1]
-    slot = _module_slot(module)
-    _made[module.__name__] = (module, slot)
-    return slot
-
-
-def _module_slot(module: types.ModuleType) -> _Slot:
-    places = []
+    places = []  # (owner, its namespace, attribute, swapped in place)
     for name, path, _ in PER_RANK:
         if name == module.__name__:
+            *owners, attr = path.split(".")
             try:
-                owner, attr = _locate(module, path)
-                _read(owner, attr)
+                owner = functools.reduce(getattr, owners, module)
+                space = _namespace(owner)
+                space[attr]
             except (AttributeError, KeyError):
                 continue
-            places.append((owner, attr, (name, path) in IN_PLACE))
+            places.append((owner, space, attr, (name, path) in IN_PLACE))
 
     def get() -> tuple[Any, ...]:
-        return tuple(
-            dict(_read(owner, attr)) if in_place else _read(owner, attr) for owner, attr, in_place in places
-        )
+        return tuple(dict(space[attr]) if in_place else space[attr] for _, space, attr, in_place in places)
 
     def set_(values: tuple[Any, ...]) -> None:
-        for (owner, attr, in_place), value in zip(places, values):
-            current = _read(owner, attr)
+        for (owner, space, attr, in_place), value in zip(places, values):
+            current = space[attr]
             if in_place:
                 if current != value:
                     current.clear()
@@ -352,19 +316,17 @@ def _module_slot(module: types.ModuleType) -> _Slot:
     # module is swapped in place, ranks that never touch them then share one
     # value, and a switch between them writes nothing.
     empty: dict[Any, Any] = {}
-    all_in_place = bool(places) and all(in_place for _, _, in_place in places)
+    all_in_place = bool(places) and all(place[3] for place in places)
     shared_fresh = tuple(empty for _ in places)
 
     def copy_(values: tuple[Any, ...]) -> tuple[Any, ...]:
         if all_in_place:
             return shared_fresh
-        return tuple(empty if in_place else fresh_cache(v) for (_, _, in_place), v in zip(places, values))
+        return tuple(empty if place[3] else fresh_cache(v) for place, v in zip(places, values))
 
-    # Read at every switch, so straight from each owner's namespace (a
-    # module's dict, a class's live mappingproxy): what ``_read`` reads,
-    # without a call per place.
-    rebound = [(_namespace(owner), attr) for owner, attr, in_place in places if not in_place]
-    in_place_ = [(_namespace(owner), attr) for owner, attr, in_place in places if in_place]
+    # Read at every switch: straight from each owner's namespace, without a call per place.
+    rebound = [(space, attr) for _, space, attr, in_place in places if not in_place]
+    in_place_ = [(space, attr) for _, space, attr, in_place in places if in_place]
 
     def fingerprint() -> Any:
         # Rebinding is the only change that needs a new read: a rank's cache
@@ -375,4 +337,6 @@ def _module_slot(module: types.ModuleType) -> _Slot:
             tuple([tuple(space[attr].items()) for space, attr in in_place_]),
         )
 
-    return _Slot(slot_name(module.__name__), get, set_, copy_, fingerprint)
+    slot = _Slot(slot_name(module.__name__), get, set_, copy_, fingerprint)
+    _made[module.__name__] = (module, slot)
+    return slot

@@ -25,7 +25,7 @@ import torch
 
 import simdist
 from simdist._core import pool
-from simdist._isolation import torch_tls
+from simdist._isolation import thread_state as torch_tls
 
 TIMEOUT = 60.0
 WORLD = 3
