@@ -1,19 +1,10 @@
-"""``torch.cuda``'s device API, answered per rank while a run emulates CUDA.
+"""``torch.cuda``'s device API, answered per rank while a run emulates CUDA (docs/cuda.md).
 
-In a rank thread (or a helper thread it started) of a run with
-``cuda="emulate"``, ``torch.cuda`` answers as on a node of
-``EmulatedCuda.device_count`` GPUs: ``is_available()`` is True, each rank
-has its own current device (``LOCAL_RANK``, ``rank % device_count``, until
-it calls ``set_device``), ``torch.cuda.device(i)`` switches it for a block,
-and the device's name and properties are the emulated device's. Every other
-thread, and every thread when no such run is in progress, gets torch's own
-functions: the replacements look the caller up and defer.
-
-``synchronize`` has no queue to drain (it orders the host after every
-stream in the stream rules). Streams and events are in ``streams``,
-generators in ``generators``, memory statistics in ``memory``; ``patch``
-installs these functions in ``torch.cuda`` and refuses, naming the call,
-what an emulated device cannot do (CUDA graphs, NVML).
+Each rank has its own current device (``rank % device_count``, as torchrun's
+``LOCAL_RANK``, until it calls ``set_device``). These functions answer in an
+emulating rank only: ``patch`` installs them and defers every other caller to
+torch's own. ``synchronize`` has no queue to drain (it orders the host after
+every stream in the stream rules).
 """
 
 from __future__ import annotations
@@ -26,7 +17,6 @@ import torch
 import torch.cuda
 
 from .._core import identity
-from . import tensor
 from .ordering import RankOrder
 
 
@@ -55,7 +45,7 @@ class EmulatedCuda:
         self._orders = [RankOrder(rank) for rank in range(world_size)] if check_streams else None
         self._current = [rank % device_count for rank in range(world_size)]
         self._streams: dict[int, dict[int, Any]] = {}
-        self.generators: dict[int, Any] = {}  # rank -> its generators (generators.py makes them)
+        self.generators: dict[tuple[int, int], Any] = {}  # (rank, index) -> its generator (generators.py)
         self._defaults: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
         self.memory: Any = None  # the run's memory.DeviceMemory (memory.py builds on this module)
@@ -91,22 +81,26 @@ def emulation() -> tuple[EmulatedCuda, int] | None:
     return emulated, identity.me.rank
 
 
-def _current_index() -> int:
+def current_index() -> int:
+    """The calling rank's current device (``torch.cuda.current_device()``), 0 outside emulating ranks."""
     found = emulation()
     return 0 if found is None else found[0].current(found[1])
 
 
-def device_index(device: Any) -> int:
-    """The emulated device index ``device`` names (None, -1: the current one)."""
+def emulating_rank() -> tuple[EmulatedCuda, int]:
+    """The calling thread's run emulation and rank; raises outside one."""
     found = emulation()
     if found is None:
         raise RuntimeError("simdist: an emulated CUDA call outside a rank of a run with cuda='emulate'")
+    return found
+
+
+def device_index(device: Any) -> int:
+    """The emulated device index ``device`` names (None, -1: the current one)."""
+    found = emulating_rank()
     if device is None or (isinstance(device, int) and not isinstance(device, bool) and device < 0):
-        return _current_index()
+        return current_index()
     return _checked_index(device, found[0], "device")
-
-
-tensor.set_current_index_source(_current_index)
 
 
 def _checked_index(device: Any, emulated: EmulatedCuda, what: str) -> int:
@@ -120,7 +114,7 @@ def _checked_index(device: Any, emulated: EmulatedCuda, what: str) -> int:
     else:
         raise TypeError(f"{what}: expected a device index or a cuda device, got {device!r}")
     if index < 0:
-        index = _current_index()
+        index = current_index()
     if index >= emulated.device_count:
         raise RuntimeError(
             f"CUDA error: invalid device ordinal ({what}({device!r}); the emulated node has "
@@ -129,78 +123,40 @@ def _checked_index(device: Any, emulated: EmulatedCuda, what: str) -> int:
     return index
 
 
-_TORCH: dict[str, Any] = {}  # torch.cuda's own functions, while the patch is installed
-
-
-def _own(name: str) -> Any:
-    return _TORCH.get(name) or getattr(torch.cuda, name)
-
-
-def is_available() -> bool:
-    return True if emulation() is not None else bool(_own("is_available")())
+# The replacements below answer in an emulating rank only: patch.py defers
+# every other caller to torch's own function.
 
 
 def device_count() -> int:
-    found = emulation()
-    return found[0].device_count if found is not None else int(_own("device_count")())
-
-
-def is_initialized() -> bool:
-    return True if emulation() is not None else bool(_own("is_initialized")())
-
-
-def init() -> None:
-    if emulation() is None:
-        _own("init")()
-
-
-def current_device() -> int:
-    found = emulation()
-    return found[0].current(found[1]) if found is not None else int(_own("current_device")())
+    return emulating_rank()[0].device_count
 
 
 def set_device(device: Any) -> None:
-    found = emulation()
-    if found is None:
-        return _own("set_device")(device)
-    emulated, rank = found
+    emulated, rank = emulating_rank()
     if isinstance(device, int) and device < 0:
-        return None  # torch ignores a negative index
+        return  # torch ignores a negative index
     emulated.set_current(rank, _checked_index(device, emulated, "set_device"))
-    return None
 
 
 def get_device_name(device: Any = None) -> str:
-    found = emulation()
-    if found is None:
-        return str(_own("get_device_name")(device))
     if device is not None:
-        _checked_index(device, found[0], "get_device_name")
+        _checked_index(device, emulating_rank()[0], "get_device_name")
     return PROPERTIES.name
 
 
-def get_device_properties(device: Any = None) -> Any:
-    found = emulation()
-    if found is None:
-        return _own("get_device_properties")(device)
+def get_device_properties(device: Any = None) -> EmulatedDeviceProperties:
     if device is not None:
-        _checked_index(device, found[0], "get_device_properties")
+        _checked_index(device, emulating_rank()[0], "get_device_properties")
     return PROPERTIES
 
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:
-    found = emulation()
-    if found is None:
-        return tuple(_own("get_device_capability")(device))
     return (PROPERTIES.major, PROPERTIES.minor)
 
 
 def synchronize(device: Any = None) -> None:
-    found = emulation()
-    if found is None:
-        _own("synchronize")(device)
-        return
-    order = found[0].order(found[1])
+    emulated, rank = emulating_rank()
+    order = emulated.order(rank)
     if order is not None:
         order.synchronize_host()
 
@@ -216,7 +172,7 @@ class device:
     def __enter__(self) -> None:
         found = emulation()
         if found is None:
-            self._theirs = _own("device")(self._device)
+            self._theirs = original(torch.cuda, "device")(self._device)
             self._theirs.__enter__()
             return
         emulated, rank = found
@@ -232,3 +188,12 @@ class device:
         found = emulation()
         if found is not None and self._previous is not None:
             found[0].set_current(found[1], self._previous)
+
+
+# What the patch replaced, by place, while it is installed (patch.py).
+ORIGINAL: dict[tuple[object, str], Any] = {}
+
+
+def original(owner: object, name: str) -> Any:
+    """What ``owner.name`` is without the patch."""
+    return ORIGINAL.get((owner, name)) or getattr(owner, name)

@@ -1,13 +1,9 @@
-"""CUDA's random generators on emulated devices: one per rank and device.
+"""CUDA's random generators on emulated devices: one per rank and device (docs/cuda.md).
 
-On a GPU, draws on CUDA tensors come from the device's own generator,
-seeded by ``torch.cuda.manual_seed`` (and by ``torch.manual_seed``, which
-seeds every device), independent of the CPU generator. Emulated draws run on
-the CPU, so a random op on an emulated device runs with the CPU generator's
-state swapped for that device's emulated generator (a CPU generator started
-at CUDA's default seed): CPU and CUDA draws do not disturb each other, and
-seeding one seeds only it. The values are the CPU generator's, not a GPU's
-(Philox): equal seeds give equal draws here, not the draws a GPU gives.
+Emulated draws run on the CPU, so a random op on an emulated device runs with
+the CPU generator's state swapped for that device's emulated generator (a CPU
+generator started at CUDA's default seed): CPU and CUDA draws do not disturb
+each other. The values are the CPU generator's algorithm, not a GPU's (Philox).
 """
 
 from __future__ import annotations
@@ -22,36 +18,24 @@ from . import device_api
 DEFAULT_SEED = 67280421310721  # CUDA's default generator seed, as torch sets it
 
 
-class RankGenerators:
-    """One rank's emulated CUDA generators, made on first use."""
-
-    def __init__(self, device_count: int) -> None:
-        self._generators: list[torch.Generator | None] = [None] * device_count
-
-    def get(self, index: int) -> torch.Generator:
-        generator = self._generators[index]
-        if generator is None:
-            generator = self._generators[index] = torch.Generator()
-            generator.manual_seed(DEFAULT_SEED)
-        return generator
-
-    def all(self) -> list[torch.Generator]:
-        return [self.get(index) for index in range(len(self._generators))]
+def _generator(emulated: Any, rank: int, index: int) -> torch.Generator:
+    """``rank``'s generator of ``cuda:index``, made on first use."""
+    generator = emulated.generators.get((rank, index))
+    if generator is None:
+        generator = emulated.generators[rank, index] = torch.Generator()
+        generator.manual_seed(DEFAULT_SEED)
+    return generator
 
 
-def _of(emulated: Any, rank: int) -> RankGenerators:
-    made = emulated.generators.get(rank)
-    if made is None:
-        made = emulated.generators[rank] = RankGenerators(emulated.device_count)
-    return made
+def _mine(device: Any = None) -> torch.Generator:
+    """The calling rank's generator of ``device`` (its current device: None, "cuda")."""
+    emulated, rank = device_api.emulating_rank()
+    return _generator(emulated, rank, device_api.device_index(None if device == "cuda" else device))
 
 
-def _mine() -> tuple[RankGenerators, int] | None:
-    found = device_api.emulation()
-    if found is None:
-        return None
-    emulated, rank = found
-    return _of(emulated, rank), emulated.current(rank)
+def _all() -> list[torch.Generator]:
+    emulated, rank = device_api.emulating_rank()
+    return [_generator(emulated, rank, index) for index in range(emulated.device_count)]
 
 
 def drawing_on(index: int, op: Callable[[], Any]) -> Any:
@@ -59,7 +43,7 @@ def drawing_on(index: int, op: Callable[[], Any]) -> Any:
     found = device_api.emulation()
     if found is None:
         return op()
-    generator = _of(*found).get(index)
+    generator = _generator(*found, index)
     cpu = torch.default_generator
     saved = cpu.get_state()
     cpu.set_state(generator.get_state())
@@ -71,55 +55,42 @@ def drawing_on(index: int, op: Callable[[], Any]) -> Any:
 
 
 def manual_seed(seed: int) -> None:
-    gens, index = _mine()  # type: ignore[misc]  # only called from the emulating replacements
-    gens.get(index).manual_seed(int(seed))
+    _mine().manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    gens, _ = _mine()  # type: ignore[misc]
-    for generator in gens.all():
+    for generator in _all():
         generator.manual_seed(int(seed))
 
 
 def seed() -> None:
-    gens, index = _mine()  # type: ignore[misc]
-    gens.get(index).seed()
+    _mine().seed()
 
 
 def seed_all() -> None:
-    gens, index = _mine()  # type: ignore[misc]
-    value = gens.get(index).seed()
-    for generator in gens.all():
+    value = _mine().seed()
+    for generator in _all():
         generator.manual_seed(value)
 
 
 def initial_seed() -> int:
-    gens, index = _mine()  # type: ignore[misc]
-    return int(gens.get(index).initial_seed())
-
-
-def _index(device: Any) -> int:
-    return device_api.device_index(None if device == "cuda" else device)
+    return int(_mine().initial_seed())
 
 
 def get_rng_state(device: Any = "cuda") -> torch.Tensor:
-    gens, _ = _mine()  # type: ignore[misc]
-    return gens.get(_index(device)).get_state()
+    return _mine(device).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
-    gens, _ = _mine()  # type: ignore[misc]
-    gens.get(_index(device)).set_state(new_state)
+    _mine(device).set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    gens, _ = _mine()  # type: ignore[misc]
-    return [generator.get_state() for generator in gens.all()]
+    return [generator.get_state() for generator in _all()]
 
 
 def set_rng_state_all(new_states: Sequence[torch.Tensor]) -> None:
-    gens, _ = _mine()  # type: ignore[misc]
-    for generator, state in zip(gens.all(), new_states):
+    for generator, state in zip(_all(), new_states):
         generator.set_state(state)
 
 

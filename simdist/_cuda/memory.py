@@ -1,27 +1,18 @@
-"""Memory on emulated devices: each rank's allocations counted, frees checked.
+"""Memory on emulated devices: each rank's allocations counted, frees checked (docs/cuda.md).
 
-A GPU process's ``torch.cuda.memory_allocated()`` counts the bytes of the
-caching allocator's blocks its live tensors hold, on each device;
-``max_memory_allocated`` the highest that count reached since the last
-``reset_peak_memory_stats``. Here each storage that becomes emulated is
-counted for the rank (and device) that made it, in blocks of 512 bytes as
-the caching allocator rounds, until the storage dies (a weak reference
-tells) or is resized (FSDP2 frees its unsharded parameters so). The
-reserved memory is modelled as a caching allocator that keeps every block
-it was given until ``empty_cache``: the highest allocated count since then.
-
-The same records check the caching allocator's one rule about streams:
-memory freed is handed out again at once to the next allocation on the
-stream it was *made* on, so a tensor used on another stream must be kept
-alive for that stream (``tensor.record_stream(side)``) or that stream's use
-must be ordered before the free (``wait_stream``, an event, a synchronize).
-A free that breaks it is an ``AsyncRaceError`` at the rank's next kernel,
+Each storage that becomes emulated is counted for the rank (and device) that
+made it, in the caching allocator's 512-byte blocks, until the storage dies (a
+weak reference tells) or is resized (FSDP2 frees its unsharded parameters so).
+The same records check the caching allocator's rule about streams (freed
+memory goes at once to the next allocation on the stream it was *made* on): a
+free that breaks it is an ``AsyncRaceError`` at the rank's next kernel,
 collective or the end of its body (a free happens in a weak reference's
 callback, where nothing can be raised).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -30,7 +21,6 @@ from typing import Any
 import torch
 
 from . import device_api, streams
-from . import tensor as tensor_module
 
 BLOCK = 512  # the caching allocator's smallest block and its rounding
 
@@ -103,7 +93,7 @@ class DeviceMemory:
             return
         nbytes = _rounded(storage.nbytes())
         record = _Record(self.counter(rank, index), nbytes, storage.data_ptr(), order, made_on)
-        record.ref = weakref.ref(storage, _Freed(self._me, key))
+        record.ref = weakref.ref(storage, functools.partial(_freed, self._me, key))
         with self._lock:
             self._live[key] = record
             record.counter.add(nbytes)
@@ -145,19 +135,11 @@ class DeviceMemory:
             counter.reserved_peak = counter.reserved
 
 
-class _Freed:
+def _freed(memory: weakref.ref[DeviceMemory], key: int, _ref: object) -> None:
     """A storage's weak-reference callback: holds the run's memory weakly."""
-
-    __slots__ = ("key", "memory")
-
-    def __init__(self, memory: weakref.ref[DeviceMemory], key: int) -> None:
-        self.memory = memory
-        self.key = key
-
-    def __call__(self, _ref: object) -> None:
-        memory = self.memory()
-        if memory is not None:
-            memory.freed(self.key)
+    found = memory()
+    if found is not None:
+        found.freed(key)
 
 
 def stats(counter: _Counter) -> dict[str, Any]:
@@ -187,7 +169,7 @@ def stats(counter: _Counter) -> dict[str, Any]:
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 
 
-def _made(tensor: torch.Tensor, index: int) -> None:
+def tensor_made(tensor: torch.Tensor, index: int) -> None:
     """A tensor became emulated on ``cuda:index``: its storage counted once."""
     found = device_api.emulation()
     if found is None:
@@ -212,7 +194,7 @@ def _made(tensor: torch.Tensor, index: int) -> None:
     memory.made(storage, rank, index, order, clock)
 
 
-def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+def record_stream(tensor: torch.Tensor, stream: Any) -> None:
     found = device_api.emulation()
     if found is not None and isinstance(stream, streams.EmulatedStream):
         with _NO_TORCH_FUNCTION():
@@ -227,36 +209,16 @@ def resized(storage: torch.UntypedStorage) -> None:
         found[0].memory.resized(storage)
 
 
-tensor_module.HOOKS["made"] = _made
-tensor_module.HOOKS["record_stream"] = _record_stream
-
-
-def _mine(device: Any) -> tuple[DeviceMemory, int, int]:
-    found = device_api.emulation()
-    assert found is not None  # only called from the emulating replacements
-    emulated, rank = found
-    return emulated.memory, rank, device_api.device_index(device)
-
-
 def _counter(device: Any) -> _Counter:
-    memory, rank, index = _mine(device)
-    return memory.counter(rank, index)
+    emulated, rank = device_api.emulating_rank()
+    return emulated.memory.counter(rank, device_api.device_index(device))
 
 
-def memory_allocated(device: Any = None) -> int:
-    return _counter(device).allocated
+def _reading(field: str) -> Callable[..., int]:
+    def read(device: Any = None) -> int:
+        return int(getattr(_counter(device), field))
 
-
-def max_memory_allocated(device: Any = None) -> int:
-    return _counter(device).peak
-
-
-def memory_reserved(device: Any = None) -> int:
-    return _counter(device).reserved
-
-
-def max_memory_reserved(device: Any = None) -> int:
-    return _counter(device).reserved_peak
+    return read
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
@@ -264,14 +226,12 @@ def memory_stats(device: Any = None) -> dict[str, Any]:
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    memory, rank, index = _mine(device)
-    memory.reset_peak(rank, index)
+    emulated, rank = device_api.emulating_rank()
+    emulated.memory.reset_peak(rank, device_api.device_index(device))
 
 
 def empty_cache() -> None:
-    found = device_api.emulation()
-    assert found is not None  # only called from the emulating replacements
-    emulated, rank = found
+    emulated, rank = device_api.emulating_rank()
     for device in range(emulated.device_count):
         emulated.memory.empty_cache(rank, device)
 
@@ -283,10 +243,10 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 
 
 REPLACEMENTS: dict[str, Callable[..., Any]] = {
-    "memory_allocated": memory_allocated,
-    "max_memory_allocated": max_memory_allocated,
-    "memory_reserved": memory_reserved,
-    "max_memory_reserved": max_memory_reserved,
+    "memory_allocated": _reading("allocated"),
+    "max_memory_allocated": _reading("peak"),
+    "memory_reserved": _reading("reserved"),
+    "max_memory_reserved": _reading("reserved_peak"),
     "memory_stats": memory_stats,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "reset_max_memory_allocated": reset_peak_memory_stats,

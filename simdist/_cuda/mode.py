@@ -1,13 +1,10 @@
-"""The function mode that makes ``device="cuda"`` mean the emulated device.
+"""The modes that make ``device="cuda"`` mean the emulated device (docs/cuda.md).
 
-Entered in each rank thread of a run with ``cuda="emulate"``: a factory or
-conversion that names a CUDA device (``torch.zeros(..., device="cuda")``,
-``x.new_empty(..., device=0)``, ``torch.tensor(data, device="cuda:1")``,
-``x.cuda()``, ``x.to("cuda")``, ``torch.set_default_device("cuda")`` which
-adds that keyword itself) runs on the CPU and returns an emulated tensor; a
-plain tensor whose ``.data`` is set to an emulated one (``module.cuda()``)
-becomes emulated in place. Everything else passes through untouched, so the
-mode costs a Python call per torch function and nothing more.
+Entered in each rank thread of a run with ``cuda="emulate"``: the function
+mode runs a factory or conversion that names a CUDA device on the CPU and
+returns an emulated tensor; everything else passes through untouched, so it
+costs a Python call per torch function and nothing more. The dispatch mode
+gives the emulated device to what torch makes below Python.
 """
 
 from __future__ import annotations
@@ -42,45 +39,23 @@ from .tensor import (
 _DATA = torch._C.TensorBase.__dict__["data"]
 
 
-def _default_device() -> torch.device | None:
-    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
-    return None if context is None else context.device
-
-
 # CUDA autocast's float32 ops (its "fp32" list) that CPU autocast, which
 # runs the emulated device's autocast (patch.py), leaves in the low
 # precision: under autocast("cuda") they compute in float32, as on a GPU.
 _AUTOCAST_FP32 = frozenset(
     {
-        torch.softmax,
-        torch.Tensor.softmax,
-        torch._C._nn.softplus,
-        torch.log_softmax,
-        torch.Tensor.log_softmax,
+        *(
+            getattr(owner, name)
+            for name in "softmax log_softmax norm exp log pow sum prod cumsum cumprod rsqrt".split()
+            for owner in (torch, torch.Tensor)
+        ),
         torch.layer_norm,
         torch.group_norm,
-        torch.norm,
-        torch.Tensor.norm,
+        torch._C._nn.softplus,
         torch._C._nn.cross_entropy_loss,
         torch._C._nn.nll_loss_nd,
         torch._C._nn.mse_loss,
         torch._C._nn.smooth_l1_loss,
-        torch.exp,
-        torch.Tensor.exp,
-        torch.log,
-        torch.Tensor.log,
-        torch.pow,
-        torch.Tensor.pow,
-        torch.sum,
-        torch.Tensor.sum,
-        torch.prod,
-        torch.Tensor.prod,
-        torch.cumsum,
-        torch.Tensor.cumsum,
-        torch.cumprod,
-        torch.Tensor.cumprod,
-        torch.rsqrt,
-        torch.Tensor.rsqrt,
     }
 )
 
@@ -131,7 +106,8 @@ class EmulatedCudaMode(TorchFunctionMode):
         if device is None and func in _device_constructors():
             # torch.set_default_device keeps its mode at the bottom of the stack,
             # under this one: its device is read here, before it would add it.
-            device = _default_device()
+            context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+            device = None if context is None else context.device
         index = cuda_index(device) if device is not None else None
         if index is None:
             return func(*args, **kwargs)

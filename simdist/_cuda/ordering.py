@@ -1,14 +1,8 @@
 """CUDA's stream ordering rules on emulated devices (part of the collective sanitizer).
 
-On a GPU, kernels on two streams run in any order unless something orders
-them: ``wait_stream``, an event recorded on one and waited on the other, a
-host synchronisation, a collective's ``Work.wait()`` (which makes the
-current stream wait for the communicator's stream). PyTorch's CUDA stream
-sanitizer (CSAN) reports an access on one stream to memory another stream
-wrote (or, for a write, read) with no such order between them. An emulated
-rank runs every kernel in program order, so the values never race; this
-module applies the same rule to what the program asked for, and raises
-``AsyncRaceError`` naming both accesses, deterministically.
+An emulated rank runs every kernel in program order, so the values never
+race; this module applies CSAN's rule (docs/cuda.md) to what the program
+asked for, and raises ``AsyncRaceError`` naming both accesses, deterministically.
 
 Each stream counts its kernels (``seq``) and keeps, per other stream, the
 last kernel of it known to have happened before its own next one (a vector

@@ -26,34 +26,40 @@ import torch.overrides
 from .._isolation import patches
 from ..errors import UnsupportedOperationError
 from . import device_api, generators, memory, streams
-from .device_api import _TORCH, emulation
+from .device_api import ORIGINAL, emulation, original
 
 
-def _deferring(name: str, emulated: Callable[..., Any]) -> Callable[..., Any]:
+def _deferring(name: str, emulated: Callable[..., Any], owner: Any = torch.cuda) -> Callable[..., Any]:
+    """``owner.name`` that calls ``emulated`` in an emulating rank, torch's own elsewhere."""
+
     def replacement(*args: Any, **kwargs: Any) -> Any:
         if emulation() is None:
-            return _TORCH[name](*args, **kwargs)
+            return original(owner, name)(*args, **kwargs)
         return emulated(*args, **kwargs)
 
     replacement.__name__ = replacement.__qualname__ = name
-    replacement.__doc__ = f"torch.cuda.{name}, emulated in the ranks of runs with cuda='emulate'."
+    replacement.__doc__ = f"{owner.__name__}.{name}, emulated in the ranks of runs with cuda='emulate'."
     return replacement
 
 
-def _either(name: str, emulated: type) -> type:
-    """A class standing for torch's ``name`` and its emulated twin."""
+def _either(name: str, emulated: Callable[..., Any]) -> type:
+    """A class standing for torch's ``name`` and its emulated twin (a class, or
+    a function that refuses)."""
 
     class Meta(type):
         def __instancecheck__(cls, obj: object) -> bool:
-            return isinstance(obj, (emulated, _TORCH[name]))
+            twin = (emulated,) if isinstance(emulated, type) else ()
+            return isinstance(obj, (*twin, original(torch.cuda, name)))
 
-    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if emulation() is None:
-            return _TORCH[name](*args, **kwargs)
-        return emulated(*args, **kwargs)
-
+    made = _deferring(name, emulated)
     return Meta(
-        name, (), {"__new__": __new__, "__module__": "simdist._cuda.patch", "__doc__": emulated.__doc__}
+        name,
+        (),
+        {
+            "__new__": lambda cls, *args, **kwargs: made(*args, **kwargs),
+            "__module__": "simdist._cuda.patch",
+            "__doc__": emulated.__doc__,
+        },
     )
 
 
@@ -64,65 +70,62 @@ def _stream_context(stream: Any) -> Any:
     return stream
 
 
+def _true() -> bool:
+    return True
+
+
+def _init() -> None:
+    """Nothing to initialise on an emulated device."""
+
+
 # What an emulated device cannot do, refused with the reason instead of
 # torch's "Torch not compiled with CUDA enabled" from deep inside.
+_GRAPHS = "CUDA graphs capture GPU kernels"
+_NVML = "NVML reports a real GPU's state"
 _REFUSED = {
-    "graph": "CUDA graphs capture GPU kernels",
-    "CUDAGraph": "CUDA graphs capture GPU kernels",
-    "make_graphed_callables": "CUDA graphs capture GPU kernels",
-    "graph_pool_handle": "CUDA graphs capture GPU kernels",
-    "utilization": "NVML reports a real GPU's state",
-    "memory_usage": "NVML reports a real GPU's state",
-    "temperature": "NVML reports a real GPU's state",
-    "power_draw": "NVML reports a real GPU's state",
-    "clock_rate": "NVML reports a real GPU's state",
+    "graph": _GRAPHS,
+    "CUDAGraph": _GRAPHS,
+    "make_graphed_callables": _GRAPHS,
+    "graph_pool_handle": _GRAPHS,
+    "utilization": _NVML,
+    "memory_usage": _NVML,
+    "temperature": _NVML,
+    "power_draw": _NVML,
+    "clock_rate": _NVML,
 }
 
 
-def _refusing(name: str, why: str) -> Callable[..., Any]:
+def _refusing(name: str, why: str) -> Any:
     def refused(*args: Any, **kwargs: Any) -> Any:
-        if emulation() is None:
-            return _TORCH[name](*args, **kwargs)
         raise UnsupportedOperationError(
             f"torch.cuda.{name}: not available on simdist's emulated CUDA devices ({why}); "
             "run this test on a GPU (mark it gpu), see docs/cuda.md"
         )
 
-    refused.__name__ = refused.__qualname__ = name
-    if isinstance(_TORCH_CUDA_OWN.get(name), type):
-        # A class (CUDAGraph): still one for isinstance, refused when made.
-        class Meta(type):
-            def __instancecheck__(cls, obj: object) -> bool:
-                return isinstance(obj, _TORCH[name])
-
-        return Meta(name, (), {"__new__": lambda cls, *a, **k: refused(*a, **k), "__doc__": why})
-    return refused
+    refused.__doc__ = why
+    if isinstance(getattr(torch.cuda, name), type):
+        return _either(name, refused)  # a class (CUDAGraph): still one for isinstance, refused when made
+    return _deferring(name, refused)
 
 
-_TORCH_CUDA_OWN = {name: getattr(torch.cuda, name, None) for name in _REFUSED}
-
-
-REPLACED: dict[str, Any] = {
-    "is_available": device_api.is_available,
+# What torch.cuda's functions answer in an emulating rank (torch's own elsewhere).
+_EMULATED: dict[str, Callable[..., Any]] = {
+    "is_available": _true,
     "device_count": device_api.device_count,
-    "is_initialized": device_api.is_initialized,
-    "init": device_api.init,
-    "current_device": device_api.current_device,
+    "is_initialized": _true,
+    "init": _init,
+    "current_device": device_api.current_index,
     "set_device": device_api.set_device,
     "get_device_name": device_api.get_device_name,
     "get_device_properties": device_api.get_device_properties,
     "get_device_capability": device_api.get_device_capability,
     "synchronize": device_api.synchronize,
-    "device": device_api.device,
-    "Stream": _either("Stream", streams.EmulatedStream),
-    "Event": _either("Event", streams.EmulatedEvent),
-    "current_stream": _deferring("current_stream", streams.current_stream),
-    "default_stream": _deferring("default_stream", streams.default_stream),
-    "set_stream": _deferring("set_stream", streams.set_stream),
-    "stream": _deferring("stream", _stream_context),
-    **{name: _deferring(name, fn) for name, fn in generators.REPLACEMENTS.items()},
-    **{name: _deferring(name, fn) for name, fn in memory.REPLACEMENTS.items() if hasattr(torch.cuda, name)},
-    **{name: _refusing(name, why) for name, why in _REFUSED.items() if hasattr(torch.cuda, name)},
+    "current_stream": streams.current_stream,
+    "default_stream": streams.default_stream,
+    "set_stream": streams.set_stream,
+    "stream": _stream_context,
+    **generators.REPLACEMENTS,
+    **{name: fn for name, fn in memory.REPLACEMENTS.items() if hasattr(torch.cuda, name)},
 }
 
 
@@ -135,16 +138,11 @@ REPLACED: dict[str, Any] = {
 # (FSDP2 picks its stream API by ``tensor.device``). The engine's entry puts
 # both back for the rank that emulates. (The dispatch mode stays on
 # throughout, and runs the aten ops below it with both off.)
-_ENGINE: list[Callable[..., Any]] = []
-
-
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
     from .mode import EmulatedCudaMode
 
-    engine = _ENGINE[-1]
-    if emulation() is None or any(
-        isinstance(m, EmulatedCudaMode) for m in torch.overrides._get_current_function_mode_stack()
-    ):
+    engine = original(torch.autograd.graph, "_engine_run_backward")
+    if any(isinstance(m, EmulatedCudaMode) for m in torch.overrides._get_current_function_mode_stack()):
         return engine(*args, **kwargs)
     with torch._C._EnableTorchFunction(), EmulatedCudaMode():
         return engine(*args, **kwargs)
@@ -156,12 +154,8 @@ def _run_backward(*args: Any, **kwargs: Any) -> Any:
 EMULATED_NCCL_VERSION = (2, 21, 5)
 
 
-def _nccl_available() -> bool:
-    return True if emulation() is not None else bool(_NCCL["is_nccl_available"]())
-
-
 def _nccl_version() -> Any:
-    return EMULATED_NCCL_VERSION if emulation() is not None else _NCCL["version"]()
+    return EMULATED_NCCL_VERSION
 
 
 # torch.autocast("cuda") sets CUDA's autocast state, which casts only CUDA
@@ -170,12 +164,11 @@ def _nccl_version() -> Any:
 # lists cast the ops that matter alike (matmul, mm, bmm, addmm, baddbmm,
 # linear, conv, scaled_dot_product_attention to the low precision); where
 # the two lists differ, the CPU's decides (docs/cuda.md).
-_AUTOCAST: dict[str, Any] = {}
 _Autocast = torch.amp.autocast_mode.autocast
 
 
 def _autocast_enter(self: Any) -> Any:
-    result = _AUTOCAST["__enter__"](self)
+    result = original(_Autocast, "__enter__")(self)
     if self.device == "cuda" and emulation() is not None:
         cpu = _Autocast(
             "cpu", dtype=self.fast_dtype, enabled=self._enabled, cache_enabled=self._cache_enabled
@@ -189,34 +182,29 @@ def _autocast_exit(self: Any, *exc: Any) -> Any:
     cpu = self.__dict__.pop("_simdist_cpu_autocast", None)
     if cpu is not None:
         cpu.__exit__(*exc)
-    return _AUTOCAST["__exit__"](self, *exc)
+    return original(_Autocast, "__exit__")(self, *exc)
+
+
+_C10D = torch.distributed.distributed_c10d
 
 
 def _default_timeout(backend: Any) -> Any:
     # torch warns "NCCL support is not compiled" and returns the default
     # timeout; where NCCL is emulated the warning would only mislead.
-    c10d = torch.distributed.distributed_c10d
-    if emulation() is not None and backend == c10d.Backend.NCCL:
-        return c10d.default_pg_timeout
-    return _NCCL["_get_default_timeout"](backend)
+    if backend == _C10D.Backend.NCCL:
+        return _C10D.default_pg_timeout
+    return original(_C10D, "_get_default_timeout")(backend)
 
 
 # A storage resized in place (FSDP2 frees and re-allocates its unsharded
 # parameters with ``untyped_storage().resize_``) gets new memory without an
 # op the dispatch mode sees: the stream rules forget both addresses, as CSAN
 # hears of the free and the allocation from the caching allocator.
-_STORAGE: dict[str, Any] = {}
-
-
 def _resize_storage(self: Any, size: int) -> Any:
-    from .streams import rank_order
-
-    emulating = emulation() is not None
-    order = rank_order() if emulating else None
+    order = streams.rank_order()
     before = self.data_ptr() if order is not None else 0
-    result = _STORAGE["resize_"](self, size)
-    if emulating:
-        memory.resized(self)
+    result = original(torch.UntypedStorage, "resize_")(self, size)
+    memory.resized(self)
     if order is not None:
         order.forget(before)
         order.forget(self.data_ptr())
@@ -228,30 +216,25 @@ def _resize_storage(self: Any, size: int) -> Any:
 # What only a GPU has is refused: CUDA graphs ("reduce-overhead",
 # "max-autotune", the "triton.cudagraphs" option), where the CPU backend
 # would silently leave them out.
-_COMPILE: dict[str, Any] = {}
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def _compile(*args: Any, **kwargs: Any) -> Any:
-    if emulation() is not None:
-        mode, options = kwargs.get("mode"), kwargs.get("options") or {}
-        if mode in _CUDA_GRAPH_MODES or options.get("triton.cudagraphs"):
-            asked = f"mode={mode!r}" if mode in _CUDA_GRAPH_MODES else "options={'triton.cudagraphs': True}"
-            raise UnsupportedOperationError(
-                f"torch.compile({asked}): not available on simdist's emulated CUDA devices (it captures "
-                "CUDA graphs of GPU kernels); the default mode compiles for the CPU the emulated "
-                "tensors live on. Run this test on a GPU (mark it gpu), see docs/cuda.md"
-            )
-    return _COMPILE["compile"](*args, **kwargs)
+    mode, options = kwargs.get("mode"), kwargs.get("options") or {}
+    if mode in _CUDA_GRAPH_MODES or options.get("triton.cudagraphs"):
+        asked = f"mode={mode!r}" if mode in _CUDA_GRAPH_MODES else "options={'triton.cudagraphs': True}"
+        raise UnsupportedOperationError(
+            f"torch.compile({asked}): not available on simdist's emulated CUDA devices (it captures "
+            "CUDA graphs of GPU kernels); the default mode compiles for the CPU the emulated "
+            "tensors live on. Run this test on a GPU (mark it gpu), see docs/cuda.md"
+        )
+    return original(torch, "compile")(*args, **kwargs)
 
 
 # Triton kernels launch through Triton's own driver, which finds no GPU on
 # this machine and says so from deep inside: in an emulating rank a launch is
 # refused by name. Triton is optional: patched only where it is installed
 # (imported then, so that a rank importing it later meets the patch too).
-_TRITON: dict[str, Any] = {}
-
-
 def _triton_jit() -> Any:
     if importlib.util.find_spec("triton") is None:
         return None
@@ -263,84 +246,61 @@ def _triton_jit() -> Any:
 
 
 def _triton_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-    if emulation() is not None:
-        raise UnsupportedOperationError(
-            f"a Triton kernel ({getattr(self, '__name__', self)}): not available on simdist's emulated "
-            "CUDA devices (Triton compiles GPU kernels); run this test on a GPU (mark it gpu), "
-            "see docs/cuda.md"
+    raise UnsupportedOperationError(
+        f"a Triton kernel ({getattr(self, '__name__', self)}): not available on simdist's emulated "
+        "CUDA devices (Triton compiles GPU kernels); run this test on a GPU (mark it gpu), "
+        "see docs/cuda.md"
+    )
+
+
+# Every place the patch rebinds, with what it puts there; each replacement
+# defers to what it replaced outside emulating ranks.
+_PLACES: list[tuple[Any, str, Any]] = [
+    (torch.cuda, "device", device_api.device),
+    (torch.cuda, "Stream", _either("Stream", streams.EmulatedStream)),
+    (torch.cuda, "Event", _either("Event", streams.EmulatedEvent)),
+    *((torch.cuda, name, _deferring(name, fn)) for name, fn in _EMULATED.items()),
+    *(
+        (torch.cuda, name, _refusing(name, why))
+        for name, why in _REFUSED.items()
+        if hasattr(torch.cuda, name)
+    ),
+    *(
+        (owner, name, _deferring(name, emulated, owner))
+        for owner, name, emulated in (
+            (torch.distributed, "is_nccl_available", _true),
+            (_C10D, "is_nccl_available", _true),
+            (_C10D, "_get_default_timeout", _default_timeout),
+            (torch.cuda.nccl, "version", _nccl_version),
+            (torch, "compile", _compile),  # refuses CUDA graphs in emulating ranks
+            (torch.UntypedStorage, "resize_", _resize_storage),  # an emulating rank's storages
+            (torch.autograd.graph, "_engine_run_backward", _run_backward),
+            (torch.autograd, "_engine_run_backward", _run_backward),  # its own import of it
         )
-    return _TRITON["run"](self, *args, **kwargs)
-
-
-_NCCL: dict[str, Any] = {}
-_NCCL_PLACES = (
-    (torch.distributed, "is_nccl_available", _nccl_available),
-    (torch.distributed.distributed_c10d, "is_nccl_available", _nccl_available),
-    (torch.distributed.distributed_c10d, "_get_default_timeout", _default_timeout),
-    (torch.cuda.nccl, "version", _nccl_version),
-)
+    ),
+    (_Autocast, "__enter__", _autocast_enter),
+    (_Autocast, "__exit__", _autocast_exit),
+]
+_INSTALLED: list[tuple[Any, str, bool]] = []  # each place, and whether the attribute was its own
 
 
 def _install() -> None:
-    for name, replacement in REPLACED.items():
-        _TORCH[name] = getattr(torch.cuda, name)
-        setattr(torch.cuda, name, replacement)
-    for owner, name, replacement in _NCCL_PLACES:
-        _NCCL.setdefault(name, getattr(owner, name))
-        setattr(owner, name, replacement)
-    for name, replacement in (("__enter__", _autocast_enter), ("__exit__", _autocast_exit)):
-        _AUTOCAST[name] = _Autocast.__dict__[name]
-        setattr(_Autocast, name, replacement)
     jit = _triton_jit()
-    if jit is not None:
-        _TRITON["run"], _TRITON["class"] = jit.run, jit
-        jit.run = _triton_run
-    _COMPILE["compile"] = torch.compile
-    torch.compile = _compile  # refuses CUDA graphs in emulating ranks
-    _STORAGE["resize_"] = torch.UntypedStorage.resize_
-    torch.UntypedStorage.resize_ = _resize_storage  # type: ignore[method-assign]  # an emulating rank's storages
-    _ENGINE.append(torch.autograd.graph._engine_run_backward)
-    torch.autograd.graph._engine_run_backward = _run_backward
-    torch.autograd._engine_run_backward = _run_backward  # its own import of it
+    triton = [] if jit is None else [(jit, "run", _deferring("run", _triton_run, jit))]
+    for owner, name, replacement in [*_PLACES, *triton]:
+        ORIGINAL[owner, name] = getattr(owner, name)
+        _INSTALLED.append((owner, name, name in vars(owner)))
+        setattr(owner, name, replacement)
 
 
 def _uninstall() -> None:
-    for name in REPLACED:
-        if name in _TORCH:
-            setattr(torch.cuda, name, _TORCH.pop(name))
-    for owner, name, _ in _NCCL_PLACES:
-        if name in _NCCL:
-            setattr(owner, name, _NCCL[name])
-    _NCCL.clear()
-    for name in ("__enter__", "__exit__"):
-        if name in _AUTOCAST:
-            setattr(_Autocast, name, _AUTOCAST.pop(name))
-    if "run" in _TRITON:
-        _TRITON["class"].run = _TRITON.pop("run")
-        _TRITON.clear()
-    if "compile" in _COMPILE:
-        torch.compile = _COMPILE.pop("compile")
-    if "resize_" in _STORAGE:
-        del torch.UntypedStorage.resize_  # the class's own (StorageBase's) again
-        _STORAGE.clear()
-    if _ENGINE:
-        engine = _ENGINE.pop()
-        torch.autograd.graph._engine_run_backward = engine
-        torch.autograd._engine_run_backward = engine  # its own import of it
+    while _INSTALLED:
+        owner, name, own = _INSTALLED.pop()
+        if own:
+            setattr(owner, name, ORIGINAL.pop((owner, name)))
+        else:
+            delattr(owner, name)  # the class's inherited one again (StorageBase's resize_)
+            del ORIGINAL[owner, name]
 
 
-patches.register(
-    "cuda emulation",
-    _install,
-    _uninstall,
-    [
-        *((torch.cuda, name) for name in REPLACED),
-        *((owner, name) for owner, name, _ in _NCCL_PLACES),
-        (_Autocast, "__enter__"),
-        (_Autocast, "__exit__"),
-        (torch.UntypedStorage, "resize_"),
-        (torch, "compile"),
-        (torch.autograd.graph, "_engine_run_backward"),
-        (torch.autograd, "_engine_run_backward"),
-    ],
-)
+patches.register("cuda emulation", _install, _uninstall, [(owner, name) for owner, name, _ in _PLACES])

@@ -1,14 +1,9 @@
-"""CUDA streams and events of an emulated device.
+"""CUDA streams and events of an emulated device (docs/cuda.md).
 
 A rank's work runs in program order on the CPU, so every stream is already
 synchronised with every other: an emulated stream or event records what the
-program asked (which stream is current, what waited on what) and never
-blocks. ``query()`` is True, ``synchronize()`` returns at once, and an
-event's ``elapsed_time`` is the host's wall time between its two records.
-
-Each rank has its own current stream per device (the device's default
-stream until ``torch.cuda.set_stream`` or a ``torch.cuda.stream(s)`` block),
-as each process has on a node.
+program asked (which stream is current, what waited on what, for the stream
+rules of ``ordering``) and never blocks.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import device_api, tensor
+from . import device_api
 from .ordering import Clock, RankOrder
 
 _ids = itertools.count(1)
@@ -144,24 +139,14 @@ def rank_order() -> RankOrder | None:
     return None if found is None else found[0].order(found[1])
 
 
-def _streams() -> dict[int, EmulatedStream]:
-    """The calling rank's current stream per device index."""
-    found = device_api.emulation()
-    assert found is not None  # only called from the emulating replacements
-    emulated, rank = found
-    return emulated.rank_streams(rank)
-
-
 def default_stream(device: Any = None) -> EmulatedStream:
-    found = device_api.emulation()
-    assert found is not None
-    emulated, rank = found
+    emulated, rank = device_api.emulating_rank()
     return emulated.default_stream(rank, device_api.device_index(device), EmulatedStream)
 
 
 def current_stream(device: Any = None) -> EmulatedStream:
-    index = device_api.device_index(device)
-    return _streams().get(index) or default_stream(index)
+    emulated, rank = device_api.emulating_rank()
+    return current_on(emulated, rank, device_api.device_index(device))
 
 
 def current_on(emulated: Any, rank: int, index: int) -> EmulatedStream:
@@ -170,25 +155,19 @@ def current_on(emulated: Any, rank: int, index: int) -> EmulatedStream:
 
 
 def set_stream(stream: EmulatedStream) -> None:
-    _streams()[stream._index] = stream
-
-
-def label(stream: EmulatedStream) -> str:
-    kind = "the default stream" if stream is default_stream(stream._index) else f"stream {stream._id:#x}"
-    return f"{kind} of cuda:{stream._index}"
+    emulated, rank = device_api.emulating_rank()
+    emulated.rank_streams(rank)[stream._index] = stream
 
 
 def namer(order: RankOrder, stream: EmulatedStream) -> Callable[[int], str]:
     """Names for the streams of ``order``'s messages (``stream``: the one in use now)."""
     if stream._id not in order.labels:
-        order.labels[stream._id] = label(stream)
+        kind = "the default stream" if stream is default_stream(stream._index) else f"stream {stream._id:#x}"
+        order.labels[stream._id] = f"{kind} of cuda:{stream._index}"
     return lambda ident: order.labels.get(ident, "a communicator stream")
 
 
-def _host_waits(index: int) -> None:
+def host_waits(index: int) -> None:
     order = rank_order()
     if order is not None:
         order.synchronize_host([current_stream(index).clock])
-
-
-tensor.HOOKS["to_host"] = _host_waits

@@ -1,23 +1,15 @@
 """Tensors on an emulated CUDA device: CPU storage that answers as ``cuda:N``.
 
 An ``EmulatedCudaTensor`` is a CPU tensor (its storage, its kernels, its
-autograd) whose Python view reports the device a GPU run would give it:
-``.device`` is ``cuda:N``, ``.is_cuda`` is True, ``.type()`` names
-``torch.cuda.FloatTensor``, ``.get_device()`` is ``N``. Everything it computes
-is what the CPU computes, bit for bit.
+autograd) whose Python view reports the device a GPU run would give it
+(docs/cuda.md). It is a ``__torch_function__`` subclass, not a dispatch-level
+wrapper: a wrapper subclass whose C++ device is ``cuda`` aborts the process on
+a CPU build of torch as soon as autograd records it (autograd asks the
+device's guard for a stream, and a CPU build has none), so the device is
+answered in Python and the C++ side keeps seeing CPU tensors.
 
-It is a ``__torch_function__`` subclass, not a dispatch-level wrapper: a
-wrapper subclass whose C++ device is ``cuda`` aborts the process on a CPU
-build of torch as soon as autograd records it (autograd asks the device's
-guard for a stream, and a CPU build has none), so the device is answered in
-Python and the C++ side keeps seeing CPU tensors.
-
-The rules a GPU enforces that a CPU cannot see are applied here: an op that
-mixes an emulated tensor with a CPU tensor of one or more dimensions, or two
-emulated devices, raises torch's own device-mismatch error; a NumPy view of
-an emulated tensor is refused as on CUDA. Cross-device copies (``copy_``,
-``to``), indexing with CPU indices and 0-dimensional CPU tensors (scalars) are
-allowed, as they are on a GPU.
+The rules a GPU enforces that a CPU cannot see (device mismatches, NumPy
+views) are applied here.
 """
 
 from __future__ import annotations
@@ -27,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from . import device_api, memory, streams
 
 _TensorBase = torch._C.TensorBase
 
@@ -61,17 +55,11 @@ def _map_tensors(fn: Callable[[Any], Any], value: Any) -> Any:
     return value
 
 
-def _getter(name: str) -> object:
-    return _TensorBase.__dict__[name]
-
-
 # Property getters reach __torch_function__ as the descriptor's __get__, a new
 # method-wrapper object at every access: they are told apart by the descriptor.
-_DEVICE = _getter("device")
-_IS_CUDA = _getter("is_cuda")
-_IS_CPU = _getter("is_cpu")
-_DATA = _getter("data")
-_GRAD = _getter("grad")
+_DEVICE, _IS_CUDA, _IS_CPU, _DATA, _GRAD = (
+    _TensorBase.__dict__[name] for name in ("device", "is_cuda", "is_cpu", "data", "grad")
+)
 
 # Ops that a GPU allows across devices.
 _CROSS_DEVICE: frozenset[Callable[..., Any]] = frozenset(
@@ -119,11 +107,9 @@ class EmulatedCudaTensor(torch.Tensor):
         # CPU side answers with a plain tensor: copied here, device kept.
         if id(self) in memo:
             return memo[id(self)]
-        with torch._C.DisableTorchFunctionSubclass():
-            data = host(torch.Tensor.clone(torch.Tensor.detach(self)))
-        copied = rebuild(data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter))
+        copied = rebuild(*self._rebuild_args())
         memo[id(self)] = copied
-        grad = _GRAD.__get__(self)  # type: ignore[attr-defined]  # the descriptor's own getter
+        grad = _GRAD.__get__(self)  # the descriptor's own getter
         if grad is not None:
             copied.grad = copy.deepcopy(grad, memo)
         return copied
@@ -131,9 +117,12 @@ class EmulatedCudaTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Saved with its device, loaded back onto it (as torch.save keeps a
         # CUDA tensor's location); ``rebuild`` is on torch.load's safe list.
+        return (rebuild, self._rebuild_args())
+
+    def _rebuild_args(self) -> tuple[torch.Tensor, int, bool, bool]:
         with torch._C.DisableTorchFunctionSubclass():
             data = host(torch.Tensor.clone(torch.Tensor.detach(self)))
-        return (rebuild, (data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter)))
+        return (data, self._cuda_index, self.requires_grad, isinstance(self, torch.nn.Parameter))
 
 
 def rebuild(data: torch.Tensor, index: int, requires_grad: bool, parameter: bool) -> torch.Tensor:
@@ -156,23 +145,23 @@ def emulated(tensor: torch.Tensor, index: int) -> torch.Tensor:
     The object's class changes in place: an alias (``as_subclass``) would put
     an AliasBackward node after every op and make a leaf made with
     ``requires_grad=True`` a non-leaf whose ``.grad`` is never filled."""
+    if not _become(tensor, index):
+        return tensor  # another subclass keeps its own type (and its own device story)
+    memory.tensor_made(tensor, index)
+    return tensor
+
+
+def _become(tensor: torch.Tensor, index: int) -> bool:
+    """``tensor``, a plain tensor or parameter, reports ``cuda:index`` from now
+    on (its class changed in place); False for another subclass."""
     if type(tensor) is torch.Tensor:
         tensor.__class__ = EmulatedCudaTensor
     elif type(tensor) is torch.nn.Parameter:
         tensor.__class__ = EmulatedCudaParameter
     elif not isinstance(tensor, EmulatedCudaTensor):
-        return tensor  # another subclass keeps its own type (and its own device story)
+        return False
     tensor._cuda_index = index  # type: ignore[attr-defined]
-    made = HOOKS.get("made")
-    if made is not None:
-        made(tensor, index)
-    return tensor
-
-
-# Set at import by memory.py: "made" (a tensor became emulated: its storage
-# is counted), "record_stream" (its memory is kept for a stream); by
-# streams.py: "to_host" (a blocking copy to the host: the host waits).
-HOOKS: dict[str, Callable[..., None]] = {}
+    return True
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -255,9 +244,7 @@ def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     if func is torch.Tensor.record_stream:
         # One rank's streams run in program order: nothing to keep alive, but
         # the free is checked against the streams named (memory.py).
-        record = HOOKS.get("record_stream")
-        if record is not None:
-            record(args[0], args[1] if len(args) > 1 else kwargs.get("stream"))
+        memory.record_stream(args[0], args[1] if len(args) > 1 else kwargs.get("stream"))
         return None
     if func is torch.Tensor.__format__:
         return plain(args[0]).__format__(*args[1:])  # a scalar formats as its value
@@ -283,13 +270,6 @@ def handle(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
 # ------------------------------------------------------------ moving devices
 
-_current_index: Callable[[], int] = lambda: 0  # noqa: E731  # set by the run's emulation (state.py)
-
-
-def set_current_index_source(source: Callable[[], int]) -> None:
-    global _current_index
-    _current_index = source
-
 
 def cuda_index(device: Any) -> int | None:
     """The emulated index ``device`` names, None when it names no CUDA device."""
@@ -303,12 +283,12 @@ def cuda_index(device: Any) -> int | None:
         return None
     if dev.type != "cuda":
         return None
-    return _current_index() if dev.index is None else dev.index
+    return device_api.current_index() if dev.index is None else dev.index
 
 
 def _cuda_target(device: Any) -> int:
     index = cuda_index(device)
-    return _current_index() if index is None else index
+    return device_api.current_index() if index is None else index
 
 
 def _to_cpu(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
@@ -321,9 +301,8 @@ def _to_cpu(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.T
 
 def _host_waited(tensor: torch.Tensor) -> None:
     """A blocking device-to-host copy: the host waits for the copying stream."""
-    waited = HOOKS.get("to_host")
-    if waited is not None and isinstance(tensor, EmulatedCudaTensor):
-        waited(tensor._cuda_index)
+    if isinstance(tensor, EmulatedCudaTensor):
+        streams.host_waits(tensor._cuda_index)
 
 
 def host(tensor: torch.Tensor) -> torch.Tensor:
@@ -368,16 +347,10 @@ def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 def set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
     """``tensor.data = value``: ``tensor`` reports ``value``'s device afterwards."""
     with torch._C.DisableTorchFunctionSubclass():
-        _DATA.__set__(tensor, value)  # type: ignore[attr-defined]
+        _DATA.__set__(tensor, value)
     index = index_of(value)
     if index is not None:
-        # In place: optimizers and modules hold this very object.
-        if type(tensor) is torch.Tensor:
-            tensor.__class__ = EmulatedCudaTensor
-        elif type(tensor) is torch.nn.Parameter:
-            tensor.__class__ = EmulatedCudaParameter
-        if isinstance(tensor, EmulatedCudaTensor):
-            tensor._cuda_index = index
+        _become(tensor, index)  # in place: optimizers and modules hold this very object
     elif isinstance(tensor, EmulatedCudaTensor):
         back = torch.nn.Parameter if isinstance(tensor, EmulatedCudaParameter) else torch.Tensor
         tensor.__class__ = back  # type: ignore[assignment]  # back to the plain class, in place

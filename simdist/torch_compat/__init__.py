@@ -1,21 +1,14 @@
-"""PyTorch's own distributed test harnesses, run on simdist.
+"""PyTorch's own distributed test harnesses, run on simdist (docs/pytorch-tests.md).
 
-Tests written for ``MultiProcessTestCase`` (one spawned process per rank:
-``DTensorTestBase`` with ``@with_comms``, ``distributed_test``'s
-``TestDistBackend``), ``MultiThreadedTestCase`` and
-``spawn_threads_and_init_comms`` (torch's threaded test process group) run
-unchanged, every rank a simdist rank thread::
+Tests written for ``MultiProcessTestCase``, ``MultiThreadedTestCase`` and
+``spawn_threads_and_init_comms`` run unchanged, every rank a simdist rank
+thread::
 
     pytest -p simdist.torch_compat test/distributed/test_c10d_gloo.py
 
 or ``simdist.torch_compat.install()`` in a ``conftest.py``. The harnesses'
-launchers are replaced; everything else is theirs: each rank builds its own
-test instance, the test's ``init_process_group("gloo", init_method=...)``
-becomes a simdist group, skips and exit codes are read back by the
-harness's own ``_check_return_codes``, a failing rank's traceback is
-reported as the harness reports it, and simdist's own verdicts
-(``DeadlockError``, ``CollectiveMismatchError``, ``SimulationTimeout``)
-are raised as they are.
+launchers are replaced; everything else is theirs, and simdist's own
+verdicts are raised as they are.
 
 This is the one module of simdist that touches ``torch.testing._internal``,
 which is private to PyTorch and changes between releases: ``install``
@@ -79,13 +72,9 @@ class TorchCompatError(RuntimeError):
     """The installed torch's test harnesses are not the ones this module knows."""
 
 
-def _torch_release() -> str:
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
-
-
 def check_torch_version() -> None:
     """Refuse a torch release whose private harnesses were never checked."""
-    release = _torch_release()
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])  # major.minor
     if release in KNOWN_TORCH or os.environ.get(_FORCE_ENV) == "1":
         return
     raise TorchCompatError(
@@ -95,40 +84,32 @@ def check_torch_version() -> None:
     )
 
 
-def _module(name: str) -> types.ModuleType:
-    return importlib.import_module(name)
+# harness.<name> -> (module, its attribute; None: the module itself)
+_HARNESS_NAMES = {
+    "common": (_COMMON, None),
+    "dtensor": (_DTENSOR, None),
+    "MultiProcessTestCase": (_COMMON, "MultiProcessTestCase"),
+    "MultiThreadedTestCase": (_COMMON, "MultiThreadedTestCase"),
+    "spawn_threads_and_init_comms": (_COMMON, "spawn_threads_and_init_comms"),
+}
 
 
 class _Harness:
     """PyTorch's harness classes, fetched (after the version check) on first use:
     simdist's own tests and benchmarks subclass them through here."""
 
-    @property
-    def common(self) -> types.ModuleType:
+    def __getattr__(self, name: str) -> Any:
+        if name not in _HARNESS_NAMES:
+            raise AttributeError(f"torch_compat.harness has no {name!r}")
         check_torch_version()
-        return _module(_COMMON)
-
-    @property
-    def MultiProcessTestCase(self) -> type:
-        return self.common.MultiProcessTestCase
-
-    @property
-    def MultiThreadedTestCase(self) -> type:
-        return self.common.MultiThreadedTestCase
-
-    @property
-    def spawn_threads_and_init_comms(self) -> Callable[..., Any]:
-        return self.common.spawn_threads_and_init_comms
-
-    @property
-    def dtensor(self) -> types.ModuleType:
-        check_torch_version()
-        return _module(_DTENSOR)
+        module, attribute = _HARNESS_NAMES[name]
+        found = importlib.import_module(module)
+        return found if attribute is None else getattr(found, attribute)
 
     def distributed_test(self) -> types.ModuleType:
         """``distributed_test`` reads BACKEND, WORLD_SIZE and TEMP_DIR from the environment at import."""
         check_torch_version()
-        return _module(_DIST_TEST)
+        return importlib.import_module(_DIST_TEST)
 
 
 harness = _Harness()
@@ -223,7 +204,7 @@ def install() -> None:
     with _lock:
         if _state is not None:
             return
-        common = _module(_COMMON)
+        common = importlib.import_module(_COMMON)
         state = _Installed()
         mp = common.MultiProcessTestCase
         mt = common.MultiThreadedTestCase
@@ -258,13 +239,26 @@ def uninstall() -> None:
 # -- MultiProcessTestCase -------------------------------------------------------
 
 
-class _ExitCodes:
-    """What ``_check_return_codes`` reads of a spawned process: its exit code and pid."""
+class _Ended:
+    """A spawned process already over (what ``_check_return_codes`` reads of it:
+    its exit code and pid), or the thread ``run_test`` starts for its event
+    listener, never started: the listener has nothing to do here
+    (``_no_event_listener``), and a thread a rank starts is the rank's helper,
+    registered with the scheduler and joined as a wait in simdist, for every
+    rank of every test."""
 
-    def __init__(self, rank: int, exitcode: int | None) -> None:
+    daemon = True
+
+    def __init__(self, rank: int = -1, exitcode: int | None = None) -> None:
         self.pid = rank  # a key of pid_to_pipe, unique per rank
         self.exitcode = exitcode
         self.name = f"simdist rank {rank}"
+
+    def start(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
 
     def terminate(self) -> None:
         pass
@@ -304,28 +298,10 @@ def _no_event_listener(parent_pipe: Any, signal_pipe: Any, rank: int) -> None:
     thread simdist cannot tell is idle). simdist reports stuck ranks itself."""
 
 
-class _NoListener:
-    """The thread ``run_test`` starts for its event listener, not started: the
-    listener has nothing to do here (``_no_event_listener``), and a thread a
-    rank starts is the rank's helper, registered with the scheduler and joined
-    as a wait in simdist, for every rank of every test."""
-
-    daemon = True
-
-    def start(self) -> None:
-        pass
-
-    def join(self, timeout: float | None = None) -> None:
-        pass
-
-    def is_alive(self) -> bool:
-        return False
-
-
 class _HarnessThreading(types.ModuleType):
     """``threading`` as ``common_distributed`` sees it while the adapter is
     installed: the real module, but a thread whose target is the replaced
-    event listener is a ``_NoListener``. Every other thread is a real one."""
+    event listener is an ``_Ended`` one. Every other thread is a real one."""
 
     def __init__(self) -> None:
         super().__init__(threading.__name__, threading.__doc__)
@@ -336,7 +312,7 @@ class _HarnessThreading(types.ModuleType):
     @staticmethod
     def Thread(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("target") is _no_event_listener:
-            return _NoListener()
+            return _Ended()
         return threading.Thread(*args, **kwargs)
 
 
@@ -384,7 +360,7 @@ def _spawn_processes(self: Any) -> None:
 
 
 def _timeout_of(self: Any) -> float:
-    common = _module(_COMMON)
+    common = importlib.import_module(_COMMON)
     try:
         return float(common.get_timeout(self.id()))
     except Exception:
@@ -423,10 +399,11 @@ def _join_processes(self: Any, fn: Any) -> None:
     start = time.monotonic()
     with _as_in_a_child_process():
         codes = simdist_run(rank_body, world_size=world_size, timeout=_timeout_of(self), reduction=REDUCTION)
-    verdict = _simdist_verdict(p.error for p in pipes)
+    # The first of simdist's own verdicts a rank caught and reported as a test error.
+    verdict = next((p.error for p in pipes if isinstance(p.error, SimulationError)), None)
     if verdict is not None:
         raise verdict
-    self.processes = [_ExitCodes(rank, code) for rank, code in enumerate(codes)]
+    self.processes = [_Ended(rank, code) for rank, code in enumerate(codes)]
     self.pid_to_pipe = dict(enumerate(pipes))
     self._check_return_codes(fn, time.monotonic() - start)
 
@@ -436,7 +413,7 @@ def _as_in_a_child_process() -> Iterator[None]:
     """What a spawned process changes dies with it: the environment and c10d's
     debug level (``with_dist_debug_levels`` leaves its last level set, and a
     later test in DETAIL mode expects a monitored barrier before each call)."""
-    environ = _environ_snapshot()
+    environ = dict(os.environ._data)  # type: ignore[attr-defined]  # the encoded entries (_restore_environ)
     level = dist.get_debug_level()
     try:
         yield
@@ -456,34 +433,20 @@ def _forget_compiled_code() -> None:
         dynamo.reset()
 
 
-def _encoded_environ() -> dict[Any, Any] | None:
-    # os.environ keeps its entries encoded in ``_data``: copying and comparing
-    # that dict decodes nothing (decoding every entry twice cost more per test
-    # than the rest of the adapter together).
-    data = getattr(os.environ, "_data", None)
-    return data if isinstance(data, dict) else None
-
-
-def _environ_snapshot() -> dict[Any, Any]:
-    data = _encoded_environ()
-    return dict(data) if data is not None else dict(os.environ)
-
-
-def _restore_environ(saved: dict[Any, Any]) -> None:
+def _restore_environ(saved: dict[bytes, bytes]) -> None:
     """Put ``os.environ`` (and the process's environment) back as ``saved``,
-    touching only the entries that changed."""
-    data = _encoded_environ()
-    now: dict[Any, Any] = data if data is not None else dict(os.environ)
+    touching only the entries that changed. Compared encoded, as ``os.environ``
+    keeps them in ``_data`` (decoding every entry twice cost more per test than
+    the rest of the adapter together)."""
+    environ: Any = os.environ
+    now = environ._data
     if now == saved:
         return
-    environ: Any = os.environ
-    key_of = environ.decodekey if data is not None else str
-    value_of = environ.decodevalue if data is not None else str
     for key in [k for k in now if k not in saved]:
-        del os.environ[key_of(key)]
+        del environ[environ.decodekey(key)]
     for key, value in saved.items():
         if now.get(key) != value:
-            os.environ[key_of(key)] = value_of(value)
+            environ[environ.decodekey(key)] = environ.decodevalue(value)
 
 
 def _forget_default_group() -> None:
@@ -494,14 +457,6 @@ def _forget_default_group() -> None:
             dist.destroy_process_group()
         except Exception:
             pass
-
-
-def _simdist_verdict(errors: Any) -> BaseException | None:
-    """The first of simdist's own verdicts a rank caught and reported as a test error."""
-    for error in errors:
-        if isinstance(error, SimulationError):
-            return error
-    return None
 
 
 # -- MultiThreadedTestCase and spawn_threads_and_init_comms ---------------------
@@ -529,7 +484,7 @@ def _run_threaded(world_size: int, per_rank: Callable[[int], None], fn: Any, cls
         except BaseException as exc:  # SystemExit: the harness's skip codes
             failures[ctx.rank] = (type(exc), exc, exc.__traceback__)
 
-    common = _module(_COMMON)
+    common = importlib.import_module(_COMMON)
     try:
         simdist_run(
             rank_body, world_size=world_size, timeout=float(common.TIMEOUT_DEFAULT), reduction=REDUCTION
@@ -552,7 +507,7 @@ def _join_threads(cls: Any, threads: list[Any], fn: Any) -> None:
         )
     test_name = test._current_test_name
     tcls = type(test)
-    common = _module(_COMMON)
+    common = importlib.import_module(_COMMON)
 
     def per_rank(rank: int) -> None:
         inst = tcls(test_name)
@@ -574,7 +529,7 @@ def spawn_threads_and_init_comms(
     func: Callable[..., Any] | None = None, timeout: float | None = None, world_size: int | None = None
 ) -> Any:
     """``common_distributed.spawn_threads_and_init_comms`` on simdist ranks."""
-    common = _module(_COMMON)
+    common = importlib.import_module(_COMMON)
     size = common.DEFAULT_WORLD_SIZE if world_size is None else world_size
     if func is None:
         return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=size)

@@ -8,20 +8,17 @@ While ``torch_compat`` is installed, ``torch.distributed.ProcessGroupGloo``
 called inside a rank builds a ``GlooGroup`` instead (anywhere else, and for
 every class attribute, ``_Options``, ``create_device``, it is torch's own).
 
-What gloo adds to the c10d Backend API a simdist group implements, and what
-this class therefore does before it hands a call on as one tensor a rank:
-the binding's convenience overloads (``allreduce(tensor)``,
-``broadcast(tensor, root)``, ``allgather(outputs, tensor)``...), several
-tensors a rank (reduced, broadcast and gathered over all of them, as gloo
-does), and gloo's argument checks in gloo's words (``invalid root rank``,
-``invalid tensor type``...), raised on the calling rank before anything is
-sent, as gloo raises them.
+What gloo adds to the c10d Backend API a simdist group implements, done here
+before a call goes on as one tensor a rank: the binding's convenience
+overloads (``allreduce(tensor)``...), several tensors a rank (as gloo
+combines them), and gloo's argument checks in gloo's words, raised on the
+calling rank before anything is sent.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -136,10 +133,7 @@ class GlooGroup(SimProcessGroup):
         if len(tensors) == 1:
             return super().allreduce(tensors, opts)
         if layout == torch.sparse_coo:
-            local = tensors[0]
-            for t in tensors[1:]:
-                local = local + t
-            local = local.coalesce()
+            local = sum(tensors[1:], tensors[0]).coalesce()
         else:
             name = op_name(opts.reduceOp)
             if name == "AVG":  # an average over the group of a rank's local sum would not be gloo's
@@ -148,11 +142,7 @@ class GlooGroup(SimProcessGroup):
             local = tensors[0].clone()
             for t in tensors[1:]:
                 local = combine(local, t)
-        work = super().allreduce([local], opts)
-        work.wait()
-        for t in tensors:
-            t.copy_(local)
-        return all_of(self._scheduler, self._global_rank, [work], tensors)
+        return self._spread(super().allreduce([local], opts), [(t, local) for t in tensors], tensors)
 
     def broadcast(self, tensors: Any, opts: Any = None, root: int | None = None) -> SimWork:  # type: ignore[override]  # gloo's overloads
         if isinstance(tensors, torch.Tensor):  # broadcast(tensor, root)
@@ -171,11 +161,7 @@ class GlooGroup(SimProcessGroup):
             return super().broadcast(tensors, opts)
         source = tensors[opts.rootTensor if self.rank() == opts.rootRank else 0]
         work = super().broadcast([source], _opts(dist.BroadcastOptions, rootRank=opts.rootRank, rootTensor=0))
-        work.wait()
-        for t in tensors:
-            if t is not source:
-                t.copy_(source)
-        return all_of(self._scheduler, self._global_rank, [work], tensors)
+        return self._spread(work, [(t, source) for t in tensors if t is not source], tensors)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None, root: int | None = None) -> SimWork:  # type: ignore[override]  # gloo's overloads
         if root is not None:
@@ -230,13 +216,22 @@ class GlooGroup(SimProcessGroup):
         stacked = torch.stack(inputs)
         gathered = [torch.empty_like(stacked) for _ in range(self.size())]
         work = super().allgather([gathered], [stacked], opts)
+        copies = (
+            (outs[r * n + i], block[i])
+            for outs in output_lists
+            for r, block in enumerate(gathered)
+            for i in range(n)
+        )
+        return self._spread(work, copies, output_lists)  # gloo's future holds the output lists themselves
+
+    def _spread(
+        self, work: SimWork, copies: Iterable[tuple[torch.Tensor, torch.Tensor]], result: Any
+    ) -> SimWork:
+        """Once ``work`` (one call for several tensors a rank) is done, ``copies`` are made."""
         work.wait()
-        for outs in output_lists:
-            for r, block in enumerate(gathered):
-                for i in range(n):
-                    outs[r * n + i].copy_(block[i])
-        # gloo's future holds the output lists themselves
-        return all_of(self._scheduler, self._global_rank, [work], output_lists)
+        for target, source in copies:
+            target.copy_(source)
+        return all_of(self._scheduler, self._global_rank, [work], result)
 
     def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> SimWork:
         inputs = list(inputs)
@@ -280,44 +275,38 @@ class GlooGroup(SimProcessGroup):
         return super().allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
 
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None, root: int | None = None) -> SimWork:  # type: ignore[override]  # gloo's overloads
-        if root is not None:
-            opts = root
-        if isinstance(inputs, torch.Tensor):  # gather(outputs, tensor, root)
-            inputs = [inputs]
-            output_lists = [output_lists] if self.rank() == (opts or 0) else []
-            opts = _opts(dist.GatherOptions, rootRank=opts or 0)
-        opts = opts if opts is not None else dist.GatherOptions()
-        _check_root("gather", opts.rootRank, self.size())
-        inputs = list(inputs)
-        if len(inputs) != 1:
-            raise _fail("gather", "requires a single-element input tensor list")
-        _check_dense("gather", inputs)
-        self._root_list("gather", "output", opts.rootRank, output_lists, inputs[0])
+        inputs, output_lists, opts = self._rooted(
+            "gather", dist.GatherOptions, inputs, output_lists, opts, root
+        )
         return super().gather(output_lists, inputs, opts)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None, root: int | None = None) -> SimWork:  # type: ignore[override]  # gloo's overloads
-        if root is not None:
-            opts = root
-        if isinstance(outputs, torch.Tensor):  # scatter(output, inputs, root)
-            outputs = [outputs]
-            input_lists = [input_lists] if self.rank() == (opts or 0) else []
-            opts = _opts(dist.ScatterOptions, rootRank=opts or 0)
-        opts = opts if opts is not None else dist.ScatterOptions()
-        _check_root("scatter", opts.rootRank, self.size())
-        outputs = list(outputs)
-        if len(outputs) != 1:
-            raise _fail("scatter", "requires a single-element output tensor list")
-        _check_dense("scatter", outputs)
-        self._root_list("scatter", "input", opts.rootRank, input_lists, outputs[0])
+        outputs, input_lists, opts = self._rooted(
+            "scatter", dist.ScatterOptions, outputs, input_lists, opts, root
+        )
         return super().scatter(outputs, input_lists, opts)
 
-    def _root_list(self, op: str, role: str, root: int, lists: Any, like: torch.Tensor) -> None:
-        """gather's output list or scatter's input list: one list of a tensor a
-        member on the root, nothing elsewhere (gloo's checks, in its words)."""
-        if self.rank() != root:
+    def _rooted(self, op: str, kind: type, mine: Any, lists: Any, opts: Any, root: int | None) -> Any:
+        """gather's and scatter's overloads and checks, in gloo's words: one
+        tensor of this rank's (``mine``), and on the root one list of a tensor
+        a member (``lists``: gather's outputs, scatter's inputs), nothing elsewhere."""
+        if root is not None:
+            opts = root
+        if isinstance(mine, torch.Tensor):  # gather(outputs, tensor, root), scatter(output, inputs, root)
+            mine = [mine]
+            lists = [lists] if self.rank() == (opts or 0) else []
+            opts = _opts(kind, rootRank=opts or 0)
+        opts = opts if opts is not None else kind()
+        _check_root(op, opts.rootRank, self.size())
+        mine = list(mine)
+        own, role = ("input", "output") if op == "gather" else ("output", "input")
+        if len(mine) != 1:
+            raise _fail(op, f"requires a single-element {own} tensor list")
+        _check_dense(op, mine)
+        if self.rank() != opts.rootRank:
             if len(lists):
                 raise _fail(op, f"requires empty {role} on non-root")
-            return
+            return mine, lists, opts
         if len(lists) != 1:
             raise _fail(
                 op, f"requires a single-element {role} list containing a list with {self.size()} tensors"
@@ -328,7 +317,8 @@ class GlooGroup(SimProcessGroup):
                 f"Incorrect {role} list size {len(lists[0])}. {role.capitalize()} list size should be "
                 f"{self.size()}, same as size of the process group.",
             )
-        _check_same(op, list(lists[0]), like)
+        _check_same(op, list(lists[0]), mine[0])
+        return mine, lists, opts
 
 
 def _seconds(timeout: Any) -> float | None:
