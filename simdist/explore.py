@@ -85,8 +85,7 @@ class RunError(str):
         first = str(exc).splitlines()[0] if str(exc) else ""
         self = super().__new__(cls, f"{type(exc).__name__}: {first}")
         self.type_name = type(exc).__name__
-        ranks = set(getattr(exc, "failures", None) or ()) | set(getattr(exc, "released", None) or ())
-        self.ranks = tuple(sorted(ranks))
+        self.ranks = _raising_ranks(exc)
         return self
 
     def __eq__(self, other: object) -> bool:

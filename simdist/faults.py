@@ -19,9 +19,9 @@ from typing import Any
 import torch.distributed as dist
 
 from ._backend.ops import OPS as _OP_TABLE
-from ._checks import is_int
+from ._checks import is_int, is_number
 from .errors import SimulationError
-from .layout import AXES, COMPOSITE_AXES, Layout
+from .layout import AXES, GROUP_NAMES, Layout
 
 KINDS = ("crash", "timeout", "abort", "corrupt", "delay")
 CORRUPT_MODES = ("nan", "inf", "sign", "bitflip")
@@ -29,7 +29,6 @@ CORRUPT_MODES = ("nan", "inf", "sign", "bitflip")
 OPS = tuple(_OP_TABLE)
 # Ops that carry no data of the rank's own: nothing for a corrupt fault to damage.
 _SENDS_NOTHING = tuple(name for name, spec in _OP_TABLE.items() if not spec.sent)
-_GROUP_AXES = AXES + tuple(COMPOSITE_AXES) + ("world",)
 
 # What a real NCCL watchdog timeout or communicator abort raises.
 BackendError: type[Exception] = getattr(dist, "DistBackendError", RuntimeError)
@@ -73,19 +72,15 @@ class Fault:
                 f"a corrupt fault needs a call that sends data; {self.op!r} sends none "
                 f"(corrupt the matching send instead)"
             )
-        if self.group is not None and self.group not in _GROUP_AXES:
-            raise ValueError(f"fault group must be one of {_GROUP_AXES}, got {self.group!r}")
+        if self.group is not None and self.group not in GROUP_NAMES:
+            raise ValueError(f"fault group must be one of {GROUP_NAMES}, got {self.group!r}")
         if not isinstance(self.nth, int) or self.nth < 1:
             raise ValueError(f"fault nth counts calls from 1, got {self.nth!r}")
         if self.seq is not None and (not isinstance(self.seq, int) or self.seq < 0):
             raise ValueError(f"fault seq must be a non-negative int, got {self.seq!r}")
         if self.mode not in CORRUPT_MODES:
             raise ValueError(f"corrupt mode must be one of {CORRUPT_MODES}, got {self.mode!r}")
-        if (
-            isinstance(self.seconds, bool)
-            or not isinstance(self.seconds, (int, float))
-            or not self.seconds >= 0
-        ):
+        if not is_number(self.seconds) or not self.seconds >= 0:
             raise ValueError(f"delay seconds must be >= 0, got {self.seconds!r}")
 
     def check_world(self, layout: Layout | None, world_size: int) -> None:

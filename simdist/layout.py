@@ -47,11 +47,7 @@ class Layout:
         product = self.tp * self.cp * self.dp * self.pp
         if self.world_size is None:
             object.__setattr__(self, "world_size", product)
-        elif (
-            isinstance(self.world_size, bool)
-            or not isinstance(self.world_size, int)
-            or self.world_size != product
-        ):
+        elif not is_int(self.world_size) or self.world_size != product:
             raise ValueError(
                 f"dp({self.dp}) * cp({self.cp}) * tp({self.tp}) * pp({self.pp}) "
                 f"= {product} != world_size({self.world_size!r})"
@@ -103,12 +99,9 @@ class Layout:
         ``axis`` is one of "tp", "cp", "dp", "pp", "dp_cp", "mp" (tp x pp) or
         "world".
         """
-        if axis == "world":
-            return [list(range(self.world_size))]  # type: ignore[arg-type]  # set by __post_init__
-        if axis not in AXES and axis not in COMPOSITE_AXES:
-            raise ValueError(f"unknown layout axis {axis!r}; expected one of {', '.join(GROUP_NAMES)}")
         # Each group once, from its lowest rank: O(world) in all (every rank of
-        # a Megatron-style program may list every group).
+        # a Megatron-style program may list every group). An unknown axis is
+        # refused by group_of, on rank 0.
         groups: list[list[int]] = []
         placed = bytearray(self.world_size)  # type: ignore[arg-type]  # set by __post_init__
         for rank in range(self.world_size):  # type: ignore[arg-type]  # set by __post_init__

@@ -115,6 +115,29 @@ def _finish_avg(out: torch.Tensor, op: str, n: int) -> None:
         out.div_(n)
 
 
+def _by_chunks(
+    out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, bounds: Sequence[int], first: int, step: int
+) -> None:
+    """Reduce the flattened inputs chunk by chunk (chunk c spans ``bounds[c]`` to
+    ``bounds[c + 1]``), chunk c starting at rank ``(c + first) % n`` and taking
+    the others hop by hop, ``step`` ranks at a time."""
+    n = len(inputs)
+    combine = _combine_fn(op, out.dtype)
+    flats = [x.reshape(-1).to(out.device) for x in inputs]
+    result = torch.empty_like(flats[0])
+    for c in range(n):
+        sl = slice(bounds[c], bounds[c + 1])
+        if sl.start >= sl.stop:
+            continue
+        start = (c + first) % n
+        acc = flats[start][sl].clone()
+        for hop in range(1, n):
+            acc = combine(acc, flats[(start + step * hop) % n][sl])
+        result[sl] = acc
+    out.copy_(result.view(out.shape))
+    _finish_avg(out, op, n)
+
+
 class RankOrder(ReductionModel):
     """((x0 + x1) + x2) + ...: the default, and the cheapest."""
 
@@ -130,8 +153,7 @@ class RankOrder(ReductionModel):
         device = out.device
         for x in inputs[1:]:
             combine(out, x if x.device == device else x.to(device), out=out)
-        if op == "AVG":
-            out.div_(len(inputs))
+        _finish_avg(out, op, len(inputs))
 
 
 class Ring(ReductionModel):
@@ -141,26 +163,11 @@ class Ring(ReductionModel):
     name = "ring"
 
     def reduce_into(self, out, inputs, op, key):
+        # The chunks torch.tensor_split makes: the first numel % n one element longer.
         n = len(inputs)
-        combine = _combine_fn(op, out.dtype)
-        flats = [x.reshape(-1).to(out.device) for x in inputs]
-        result = torch.empty_like(flats[0])
-        bounds = torch.tensor_split(torch.arange(result.numel()), n) if n > 1 else [None]
-        for c in range(n):
-            idx = bounds[c]
-            if idx is None:
-                sl = slice(0, result.numel())
-            else:
-                if idx.numel() == 0:
-                    continue
-                sl = slice(int(idx[0]), int(idx[-1]) + 1)
-            start = (c + 1) % n
-            acc = flats[start][sl].clone()
-            for hop in range(1, n):
-                acc = combine(acc, flats[(start + hop) % n][sl])
-            result[sl] = acc
-        out.copy_(result.view(out.shape))
-        _finish_avg(out, op, n)
+        size, longer = divmod(out.numel(), n)
+        bounds = [c * size + min(c, longer) for c in range(n + 1)]
+        _by_chunks(out, inputs, op, bounds, 1, 1)
 
 
 class GlooRing(ReductionModel):
@@ -174,22 +181,9 @@ class GlooRing(ReductionModel):
     name = "gloo"
 
     def reduce_into(self, out, inputs, op, key):
-        n = len(inputs)
-        combine = _combine_fn(op, out.dtype)
-        flats = [x.reshape(-1).to(out.device) for x in inputs]
-        total = flats[0].numel()
-        result = torch.empty_like(flats[0])
-        chunk = -(-total // n) if total else 0
-        for c in range(n):
-            sl = slice(c * chunk, min(total, (c + 1) * chunk))
-            if sl.start >= sl.stop:
-                continue
-            acc = flats[(c - 1) % n][sl].clone()
-            for k in range(1, n):
-                acc = combine(acc, flats[(c - 1 - k) % n][sl])
-            result[sl] = acc
-        out.copy_(result.view(out.shape))
-        _finish_avg(out, op, n)
+        n, total = len(inputs), out.numel()
+        chunk = -(-total // n)
+        _by_chunks(out, inputs, op, [min(total, c * chunk) for c in range(n + 1)], -1, -1)
 
 
 class Tree(ReductionModel):

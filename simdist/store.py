@@ -31,11 +31,16 @@ def _as_bytes(value: Any) -> bytes:
     return bytes(value)
 
 
-class _KeysSet(Waitable):
-    """A store wait: done once every key exists. Any rank may set them, so it
-    names no needed rank; the scheduler reports it stuck only when no rank can run."""
+class _StoreWait(Waitable):
+    """A store wait: done once every key of ``keys`` exists; or, with no keys,
+    a rank polling the store (``add(key, 0)`` or ``check`` in a loop) with
+    nothing changed since its last poll, done at the store's next change (a
+    polling rank would otherwise keep the run token, and the peers whose
+    writes it polls for would never run). Any rank may set keys, so it names
+    no needed rank; the scheduler reports it stuck only when no rank can run."""
 
-    def __init__(self, keys: Sequence[str]) -> None:
+    def __init__(self, description: str, keys: Sequence[str] = ()) -> None:
+        self.description = description
         self.keys = list(keys)
         self.done = False
         self.error = None
@@ -44,25 +49,7 @@ class _KeysSet(Waitable):
         return ()
 
     def describe(self) -> str:
-        return f"a store wait for key(s) {self.keys}"
-
-
-class _StoreChange(Waitable):
-    """A rank polling the store (``add(key, 0)`` or ``check`` in a loop) with
-    nothing changed since its last poll: done at the store's next change. A
-    polling rank would otherwise keep the run token, and the peers whose
-    writes it polls for would never run."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.done = False
-        self.error = None
-
-    def needed_ranks(self) -> Sequence[int]:
-        return ()
-
-    def describe(self) -> str:
-        return f"a store poll ({self.what}, repeated with nothing changed) waiting for a change"
+        return self.description
 
 
 # Polls in a row, with nothing changed, after which a rank waits for a change.
@@ -77,7 +64,7 @@ class RankStore(dist.Store):
         # Rank waits by the first key they still miss: a write looks only at
         # the waits on its key (a store-based barrier of n ranks would
         # otherwise scan every waiting rank on each of its n writes).
-        self._waits: dict[str, list[tuple[int, _KeysSet]]] = {}
+        self._waits: dict[str, list[tuple[int, _StoreWait]]] = {}
         # Threads outside the world's ranks (the caller, helpers) wait on this.
         self._changed = threading.Condition()
         # Busy polls: the store's change count, each rank's last poll (the
@@ -85,7 +72,7 @@ class RankStore(dist.Store):
         # the parked pollers.
         self._version = 0
         self._polls: dict[int, tuple[int, str, int]] = {}
-        self._pollers: list[tuple[int, _StoreChange]] = []
+        self._pollers: list[tuple[int, _StoreWait]] = []
         self._timeout_s = 300.0
 
     # -- c10d's Store interface -------------------------------------------
@@ -177,7 +164,7 @@ class RankStore(dist.Store):
             if rank is None:
                 self._wait_outside(keys)
                 return
-            pending = _KeysSet(keys)
+            pending = _StoreWait(f"a store wait for key(s) {list(keys)}", keys)
             self._park_locked(rank, pending)
         self._scheduler.wait(rank, pending)
 
@@ -196,7 +183,7 @@ class RankStore(dist.Store):
                 f"simdist store: timed out after {self._timeout_s:g} s waiting for key(s) {keys}"
             )
 
-    def _park_locked(self, rank: int, pending: _KeysSet) -> bool:
+    def _park_locked(self, rank: int, pending: _StoreWait) -> bool:
         """File ``pending`` under its first missing key; False when none is missing."""
         for k in pending.keys:
             if k not in self._data:
@@ -218,7 +205,7 @@ class RankStore(dist.Store):
             self._polls[rank] = (self._version, what, count)
             if count < _POLLS_BEFORE_WAITING:
                 return
-            pending = _StoreChange(what)
+            pending = _StoreWait(f"a store poll ({what}, repeated with nothing changed) waiting for a change")
             self._pollers.append((rank, pending))
         self._scheduler.wait(rank, pending)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -44,13 +45,7 @@ class Record:
 
     @property
     def nbytes(self) -> int:
-        total = 0
-        for shape, dtype in zip(self.shapes, self.dtypes):
-            n = 1
-            for d in shape:
-                n *= d
-            total += n * dtype.itemsize
-        return total
+        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in zip(self.shapes, self.dtypes))
 
     @property
     def dtype_names(self) -> list[str]:
@@ -66,11 +61,10 @@ class Record:
         )
 
 
-def tensors_of(payload: Any) -> list[torch.Tensor]:
+def tensors_of(payload: dict[str, Any]) -> list[torch.Tensor]:
     """Every tensor in a call's payload (lists flattened)."""
     out: list[torch.Tensor] = []
-    items: Iterable[Any] = payload.values() if isinstance(payload, dict) else payload
-    for v in items:
+    for v in payload.values():
         if isinstance(v, torch.Tensor):
             out.append(v)
         elif isinstance(v, (list, tuple)):

@@ -4,7 +4,6 @@ thin readers over the one rank identity (``_core.identity``)."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from .._core import identity
 from .._core.scheduler import Scheduler
@@ -53,11 +52,3 @@ def current_world() -> tuple[WorldHooks, int]:
     if world is None:
         raise SimulationError("the 'simdist' backend can only be initialised inside simdist.run(...)")
     return world, _current.rank
-
-
-def bind_current(world: WorldHooks | None, rank: int = -1, c10d: Any = None, helper: Any = None) -> None:
-    """Bind this thread to ``rank`` of ``world`` (None: unbind it); see ``_core.identity``."""
-    if world is None:
-        identity.unbind()
-    else:
-        identity.bind(world, rank, c10d, helper)

@@ -1,13 +1,9 @@
 """DDP's logging data names the backend the program asked for.
 
-``DistributedDataParallel._get_ddp_logging_data()`` is filled in by c10d's
-C++ logger from the group's ``getBackendName()``, which a simulated group
-keeps as "simdist" (for "gloo" the logger would look up a gloo backend the
-group does not have, see ``process_group``). For a group the program asked
-for as gloo or NCCL the data is completed as that backend's logger fills it
-(measured on torch 2.13 with a real gloo group): ``backend_name``, the
-backend's environment variables ("N/A" where unset) and gloo's default
-thread count.
+c10d's C++ logger fills ``_get_ddp_logging_data()`` from ``getBackendName()``,
+which stays "simdist" (``group``); for a group asked for as gloo or NCCL the
+data is completed as that backend's logger fills it (measured on torch 2.13;
+docs/backend-compat.md).
 """
 
 from __future__ import annotations

@@ -23,15 +23,13 @@ from .world_hooks import WorldHooks
 
 BACKEND_NAME = "simdist"
 
-# Type-checked as the ProcessGroup it is mixed into; at run time a plain class.
+# SimProcessGroup's mixins (here and ``p2p``) are type-checked as the
+# ProcessGroup they are mixed into; at run time each is a plain class (c10d's
+# pybind base is SimProcessGroup's own, once).
 if TYPE_CHECKING:
-    _Group = dist.ProcessGroup
+    MixinBase = dist.ProcessGroup
 else:
-    _Group = object
-
-
-def c10d_default_timeout() -> timedelta:
-    return dist.distributed_c10d.default_pg_timeout
+    MixinBase = object
 
 
 def axes_of(label: str) -> tuple[str, ...]:
@@ -61,12 +59,8 @@ class SimGroup(GroupInfo):
         self.label = label
         self.axes = axes_of(label)
 
-    def answers_to(self, selector: str) -> bool:
-        """Whether a selector ("dp", "world", or a whole label) names this group."""
-        return selector == self.label or selector in self.axes
 
-
-class GroupIdentity(_Group):
+class GroupIdentity(MixinBase):
     """``SimProcessGroup``'s names, backend name, options and timeouts."""
 
     _world: WorldHooks
@@ -126,29 +120,25 @@ class GroupIdentity(_Group):
         """The group was made with an explicit ``timeout=``: its waits time out as
         gloo's do, the moment they can never complete (see ``timeouts``)."""
         self.timeout = seconds
-        self._options()._timeout = timedelta(seconds=seconds)
+        self.options._timeout = timedelta(seconds=seconds)
 
     def set_timeout(self, timeout: timedelta) -> None:
-        """c10d's ``pg.set_timeout``: the group's later waits time out after it."""
+        """c10d's ``pg.set_timeout`` (and ``_set_default_timeout``): the group's later waits time out after it."""
         self.model_timeout(timeout.total_seconds())
 
-    def _set_default_timeout(self, timeout: timedelta) -> None:
-        self.model_timeout(timeout.total_seconds())
+    _set_default_timeout = set_timeout
 
-    def _options(self) -> Any:
+    @property
+    def options(self) -> Any:
         opts = self.__dict__.get("options")
         if opts is None:
             # gloo's options object, as a gloo backend's ``options`` holds it
             # (its ``_timeout`` is the group's); a plain namespace without gloo.
             kind = getattr(dist, "ProcessGroupGloo", None)
             opts = kind._Options() if kind is not None else types.SimpleNamespace()
-            opts._timeout = c10d_default_timeout()
+            opts._timeout = dist.distributed_c10d.default_pg_timeout
             self.__dict__["options"] = opts
         return opts
-
-    @property
-    def options(self) -> Any:
-        return self._options()
 
     @options.setter
     def options(self, value: Any) -> None:

@@ -1,4 +1,4 @@
-"""What the world does at every call: record it, apply faults, compare fingerprints.
+"""What the world does at every call: record it, apply faults (and what a corrupt one damages), compare fingerprints.
 
 ``CallHooks`` is mixed into the World (which provides ``recorder``,
 ``faults``, ``scheduler``, ``describe_rank`` and ``strict_call_sites``): the
@@ -11,14 +11,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import torch
+
 from .._core.records import Call, GroupInfo, P2POp
 from .._core.scheduler import Scheduler
 from ..debug import _hooks as debug_hooks
-from ..errors import CollectiveMismatchError, SimulationError, mark_consequence
+from ..errors import CollectiveMismatchError, SimulationError, UnsupportedOperationError, mark_consequence
 from ..faults import BackendError, Fault, FaultState, InjectedFault
 from ..trace import Recorder, tensors_of
-from .faulting import contributes, corrupt_contribution, corrupt_received
-from .payload import T
+from .ops import OPS, T
 
 # How many meetings from different call sites a report lists.
 _SITE_NOTES = 8
@@ -55,9 +56,7 @@ class CallHooks:
                     self._apply(fault, where, group, call.op, call.payload, call, call.rank, seq)
             self._raise_if_group_aborted(group)
         except BaseException as exc:
-            Recorder.finish(call.record, failed=True)
-            if isinstance(exc, SimulationError):  # an injected crash, a refused corruption
-                self.scheduler.record(call.rank, exc)
+            self._failed(call.record, call.rank, exc)
             raise
 
     def before_p2p(self, op: P2POp) -> None:
@@ -72,10 +71,13 @@ class CallHooks:
                 self._apply(fault, where, op.group, op.kind, payload, None, me, -1)
             self._raise_if_group_aborted(op.group)
         except BaseException as exc:
-            Recorder.finish(op.record, failed=True)
-            if isinstance(exc, SimulationError):
-                self.scheduler.record(me, exc)
+            self._failed(op.record, me, exc)
             raise
+
+    def _failed(self, record: Any, rank: int, exc: BaseException) -> None:
+        Recorder.finish(record, failed=True)
+        if isinstance(exc, SimulationError):  # an injected crash, a refused corruption
+            self.scheduler.record(rank, exc)
 
     def _apply(
         self,
@@ -195,3 +197,92 @@ class CallHooks:
             "skipped a collective pairs its next one with its peers' earlier one; "
             "strict_call_sites=True makes this an error):\n" + "\n".join(notes)
         )
+
+
+# -- what a corrupt fault damages (its keys come from the ops table) ----------------------
+#
+# A corrupt fault damages what its rank contributes to the call; on a rank that
+# contributes nothing (a broadcast or scatter member other than the root) it
+# damages what that rank receives, once the call has completed. Each function
+# says whether it changed anything: a fault that changed nothing (an empty
+# tensor, the sign of an integer 0) has not fired.
+
+# Ops whose data flows from the root alone: the other members send nothing.
+_FROM_ROOT = frozenset({"broadcast", "scatter"})
+
+
+def contributes(op: str, group_rank: int, fingerprint: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether the member at ``group_rank`` sends data of its own in this call."""
+    if op not in _FROM_ROOT:
+        return True
+    return dict(fingerprint).get("root") == group_rank
+
+
+def corrupt_contribution(op: str, payload: dict[str, Any], mode: str) -> bool:
+    """Damage what a rank contributes to a call, leaving the caller's input
+    buffer intact unless the op overwrites it anyway."""
+    spec = OPS[op]
+    for key in spec.sent:
+        if key not in payload:
+            continue
+        value = payload[key]
+        tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not spec.sent_is_output:
+            tensors = [t.clone() for t in tensors]
+            payload[key] = tensors if isinstance(value, (list, tuple)) else tensors[0]
+        changed = [corrupt_(t, mode) for t in tensors]
+        return any(changed)
+    return False
+
+
+def corrupt_received(op: str, payload: dict[str, Any], mode: str) -> bool:
+    """Damage what a rank received from a completed call (its first output)."""
+    spec = OPS[op]
+    for key in sorted(spec.written | spec.updated):
+        value = payload.get(key)
+        if value is None:
+            continue
+        tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+        with torch.inference_mode(any(t.is_inference() for t in tensors)):
+            changed = [corrupt_(t, mode) for t in tensors]
+        return any(changed)
+    return False
+
+
+def corrupt_(t: torch.Tensor, mode: str) -> bool:
+    """Damage the first element of ``t`` in place; False when that changed no bit."""
+    if t.numel() == 0:
+        return False
+    before = t.as_strided((1,), (1,)).clone()
+    # A one-element view of element [0, ..., 0] whatever the strides
+    # (reshape would copy a non-contiguous tensor, and the damage would be lost).
+    first = t.as_strided((1,), (1,))
+    if mode in ("nan", "inf"):
+        if not t.dtype.is_floating_point:
+            raise UnsupportedOperationError(f"corrupt mode {mode!r} needs a floating tensor, got {t.dtype}")
+        first.fill_(float("nan") if mode == "nan" else float("inf"))
+    elif mode == "sign":
+        if t.dtype == torch.bool:
+            first.logical_not_()
+        else:
+            first.neg_()
+    else:  # bitflip: the top exponent bit for floats, the lowest bit for integers
+        if t.dtype == torch.bool:
+            first.logical_not_()
+        elif t.dtype.is_floating_point:
+            bits = {
+                torch.float64: torch.int64,
+                torch.float32: torch.int32,
+                torch.float16: torch.int16,
+                torch.bfloat16: torch.int16,
+            }[t.dtype]
+            # Bit width-2 is the exponent's top bit: flipping it turns a normal
+            # number into a huge or tiny one, like a real memory bit flip.
+            first.view(bits).bitwise_xor_(1 << (torch.finfo(t.dtype).bits - 2))
+        else:
+            first.bitwise_xor_(1)
+    after = t.as_strided((1,), (1,))
+    if after.dtype.is_floating_point or after.dtype.is_complex:
+        # Bit by bit: NaN never equals itself, and -0.0 equals 0.0.
+        return bool(before.view(torch.uint8).ne(after.view(torch.uint8)).any())
+    return bool(before.ne(after).any())

@@ -1,13 +1,10 @@
-"""Pure semantics of each collective over the members' calls (no threading).
-
-Each ``complete_*`` function receives the members' ``Call`` payloads in
-group-rank order, after fingerprints were verified, and writes every member's
-outputs. They run on the thread of the last member to arrive.
-"""
+"""The tensor arithmetic and tensor checks the ops table's completions and the
+process group share (no threading)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 
@@ -139,8 +136,9 @@ def all_to_all_single(
                     f"all_to_all_single: rank {ranks[i]} sends {in_splits[i][j]} rows to "
                     f"rank {ranks[j]}, which expects {out_splits[j][i]} rows from it"
                 )
-    in_offsets = [_offsets(s) for s in in_splits]
-    out_offsets = [_offsets(s) for s in out_splits]
+    # Where each peer's rows start: the running sums of the splits.
+    in_offsets = [list(accumulate(s, initial=0)) for s in in_splits]
+    out_offsets = [list(accumulate(s, initial=0)) for s in out_splits]
     for j in range(n):
         for i in range(n):
             rows = in_splits[i][j]
@@ -148,11 +146,3 @@ def all_to_all_single(
                 continue
             src = ins[i].narrow(0, in_offsets[i][j], rows)
             outs[j].narrow(0, out_offsets[j][i], rows).copy_(src)
-
-
-def _offsets(splits: Sequence[int]) -> list[int]:
-    out, acc = [], 0
-    for s in splits:
-        out.append(acc)
-        acc += s
-    return out

@@ -13,22 +13,40 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import torch
 
 from .._core.records import Call, GroupInfo
 from ..errors import CollectiveMismatchError
 from . import kernels as K
-from .payload import IN, IN_SPLITS, INS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, TS, T
+
+# -- the payload keys --------------------------------------------------------------------
+# A payload maps these keys to the tensors one rank passed to one collective
+# (detached aliases of them). Each op's ``OpSpec`` says which keys it writes,
+# which it only reads and which carry the rank's contribution, so no other
+# module repeats the strings or guesses an op's buffer roles.
+
+T: Final = "t"  # the one tensor of all_reduce, broadcast, reduce (read and written), gathers (read)
+TS: Final = "ts"  # the tensors of all_reduce_coalesced
+IN: Final = "in"  # one input tensor (flattened where the op works on flat memory)
+INS: Final = "ins"  # a list of inputs (reduce_scatter, scatter's root, all_to_all)
+OUT: Final = "out"  # one output tensor
+OUT_FLAT: Final = "out_flat"  # all_gather_into_tensor's output, flattened
+OUTS: Final = "outs"  # a list of outputs (all_gather, gather's root, all_to_all)
+OUT_SPLITS: Final = "out_splits"  # all_to_all_single's row counts (not tensors)
+IN_SPLITS: Final = "in_splits"
+SPARSE: Final = "sparse"  # a sparse all_reduce's tensor (a ``Whole``)
 
 
 class OpArgs:
-    """What every member passes alike (compared by the fingerprint), for the completion."""
+    """What every member passes alike (compared by the fingerprint), for the
+    completion of ``spec`` (``process_group.Completion`` is the one kind made)."""
 
-    __slots__ = ("group", "model", "red", "root", "seq")
+    __slots__ = ("group", "model", "red", "root", "seq", "spec")
 
-    def __init__(self, group: GroupInfo, seq: int, model: Any, red: str, root: int) -> None:
+    def __init__(self, spec: OpSpec, group: GroupInfo, seq: int, model: Any, red: str, root: int) -> None:
+        self.spec = spec
         self.group = group
         self.seq = seq
         self.model = model  # the world's reduction-order model
@@ -40,8 +58,6 @@ class OpArgs:
         """The reduction model's key for this call (shuffled orders are seeded by it)."""
         return f"{self.group.name}/{self.seq}"
 
-
-SPARSE = "sparse"  # payload key of a sparse all_reduce's tensor (a ``Whole``)
 
 Complete = Callable[[list[Call], OpArgs], None]
 
@@ -139,17 +155,20 @@ def _reduce(calls: list[Call], a: OpArgs) -> None:
     K.reduce_into(a.model, ts[a.root], ts, a.red, a.key)
 
 
+def _gather_into(outs: list[torch.Tensor], calls: list[Call], ranks: tuple[int, ...], what: str) -> None:
+    """Member j's tensor into ``outs[j]``; ``what`` names the list in a mismatch."""
+    for j, o in enumerate(outs):
+        src = calls[j].payload[T]
+        if o.shape != src.shape:
+            raise CollectiveMismatchError(
+                f"{what}[{j}] has shape {list(o.shape)} but rank {ranks[j]} contributed {list(src.shape)}"
+            )
+        K.copy_into(o, src)
+
+
 def _all_gather(calls: list[Call], a: OpArgs) -> None:
-    ranks = a.group.ranks
     for c in calls:
-        for j, o in enumerate(c.payload[OUTS]):
-            src = calls[j].payload[T]
-            if o.shape != src.shape:
-                raise CollectiveMismatchError(
-                    f"all_gather: rank {c.rank}'s tensor_list[{j}] has shape "
-                    f"{list(o.shape)} but rank {ranks[j]} contributed {list(src.shape)}"
-                )
-            K.copy_into(o, src)
+        _gather_into(c.payload[OUTS], calls, a.group.ranks, f"all_gather: rank {c.rank}'s tensor_list")
 
 
 def _all_gather_into_tensor(calls: list[Call], a: OpArgs) -> None:
@@ -191,15 +210,7 @@ def _reduce_scatter_tensor(calls: list[Call], a: OpArgs) -> None:
 
 
 def _gather(calls: list[Call], a: OpArgs) -> None:
-    ranks = a.group.ranks
-    for j, o in enumerate(calls[a.root].payload[OUTS]):
-        src = calls[j].payload[T]
-        if o.shape != src.shape:
-            raise CollectiveMismatchError(
-                f"gather: root's gather_list[{j}] has shape {list(o.shape)} but rank "
-                f"{ranks[j]} contributed {list(src.shape)}"
-            )
-        K.copy_into(o, src)
+    _gather_into(calls[a.root].payload[OUTS], calls, a.group.ranks, "gather: root's gather_list")
 
 
 def _scatter(calls: list[Call], a: OpArgs) -> None:

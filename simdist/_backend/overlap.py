@@ -1,18 +1,11 @@
-"""Members of one collective that share memory.
+"""Members of one collective that share memory, and completing a call (``Completion``).
 
-On a cluster every rank owns its buffers, so two ranks can never pass the same
-memory to one collective. Rank threads can (a tensor handed to every rank
-through ``args``, a module-level tensor). Sharing only matters when it can
-change the outcome: then the result depends on which member's write lands
-last, and simdist raises ``BufferOverlapError`` naming both buffers. When it
-cannot (DTensor broadcasting a module-level tensor into itself on every rank:
-every member writes the same bytes), the call proceeds as on a cluster.
-
-To decide, the call is completed as a cluster would complete it: each member
-gets a private copy of the shared memory, and the outcome is accepted when
-every member ends with bitwise the same bytes wherever their buffers share
-memory (a reader's bytes are unchanged, so a write there must write what was
-there). Only then are the results written back.
+Rank threads can pass one memory to a collective (a tensor handed to every rank
+through ``args``, a module-level tensor); no cluster can. Where that can change
+the outcome (which member's write lands last) ``BufferOverlapError`` names both
+buffers; where it cannot (DTensor broadcasting a module-level tensor into
+itself), the call is completed on private copies of the shared memory and the
+results written back (docs/never-hang.md).
 """
 
 from __future__ import annotations
@@ -22,8 +15,9 @@ from typing import Any
 
 import torch
 
+from .._core.records import Call
 from ..errors import BufferOverlapError
-from .ops import OPS
+from .ops import OPS, OpArgs
 
 Entry = tuple[int, int, int, int, bool, str, torch.Tensor]
 
@@ -122,14 +116,6 @@ def clash_error(
         f"tensor (a tensor passed through run(args=...) or kept in a global is shared "
         f"by every rank thread)"
     )
-
-
-def check_members_disjoint(op: str, group: Any, seq: int, calls: Sequence[Any]) -> None:
-    """Raise ``BufferOverlapError`` when two members' buffers share memory and
-    at least one of them is written by the collective."""
-    clash = find_clash(calls)
-    if clash is not None:
-        raise clash_error(op, group, seq, calls, clash)
 
 
 # -- completing a call whose members share memory, as a cluster would ---------------
@@ -275,3 +261,37 @@ def complete_privately(calls: Sequence[Any], complete: Callable[[], None], error
             src = new[key] if index is None else new[key][index]
             if written and src is not t:
                 t.copy_(src)
+
+
+class Completion(OpArgs):
+    """The completion the scheduler runs once every member has joined: the op's
+    function from the ops table, with the arguments every member agreed on
+    (it is its own ``OpArgs``: one object per call on the hot path).
+
+    Buffers shared between members complete as on a cluster when that cannot
+    change the outcome, else fail (above). Inference tensors may only be
+    written in inference mode, and the completing thread may belong to another
+    rank than the tensor's owner.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, calls: list[Call]) -> None:
+        for c in calls:
+            if c.inference:
+                with torch.inference_mode():
+                    self._complete(calls)
+                return
+        self._complete(calls)
+
+    def _complete(self, calls: list[Call]) -> None:
+        clash = find_clash(calls)
+        if clash is None:
+            self.spec.complete(calls, self)
+        else:
+            error = clash_error(self.spec.name, self.group, self.seq, calls, clash)
+            complete_privately(calls, lambda: self.spec.complete(calls, self), error)
+        # What a fault does to a member's result, once the result is there.
+        for c in calls:
+            if c.landing is not None:
+                c.landing()

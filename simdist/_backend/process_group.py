@@ -1,7 +1,7 @@
 """The simdist ``ProcessGroup``: torch.distributed calls -> rendezvous calls.
 
 Each method validates its arguments, builds the call's fingerprint and payload
-(keys from ``payload``) and dispatches to the op's row of the ops table; what
+(keys from ``ops``) and dispatches to the op's row of the ops table; what
 the op does lives there. Each rank thread owns its own ``SimProcessGroup``
 objects (c10d creates one per rank per group), so a group object always knows
 its rank, even when a collective is issued from an autograd thread.
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C import _increment_version
 from torch.distributed.distributed_c10d import GroupName
 
 from .. import _sanitizer, stacks
@@ -25,21 +26,17 @@ from ..errors import UnsupportedOperationError
 from ..reduction import check_reduce_op
 from . import ddp_logging as _ddp_logging  # noqa: F401  # registers its patch
 from . import kernels as K
-from .buffers import bump, detached
-from .coalesced import Coalesced
 from .current import _check_caller, _current, _refused
-from .dispatch import Completion
 from .group import BACKEND_NAME, GroupIdentity
-from .monitored import monitored_barrier
-from .ops import OPS, SPARSE, OpSpec, Whole
+from .ops import IN, IN_SPLITS, INS, OPS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, SPARSE, TS, OpSpec, T, Whole
+from .overlap import Completion
 from .p2p import PointToPoint
-from .payload import INS, OUT, OUTS, TS, T
+from .profiled import as_one_call
 from .profiled import record as record_profiled
-from .refused import Refusals
-from .shadow import modes_active, show
+from .shadow import show
 from .timeouts import seconds_of
-from .validation import member_list, one, root_in_group, root_list, same_dtype, shape
-from .work import SimWork
+from .validation import group_sized, member_list, one, root_in_group, root_list, same_dtype, shape
+from .work import SimWork, all_of
 from .world_hooks import WorldHooks
 
 Fingerprint = tuple[tuple[str, Any], ...]
@@ -59,7 +56,43 @@ def _reduce_options(kind: Any, op: Any) -> Any:
     return opts
 
 
-class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.ProcessGroup):
+# -- how a call holds the rank's buffers: as autograd-blind aliases, with the
+# version-counter moves gloo makes ------------------------------------------------------
+
+
+def detached(payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Detached aliases of every tensor in a payload, and whether any of them
+    is an inference tensor.
+
+    A real backend writes results straight into the tensors' memory, unseen by
+    autograd: a Parameter can be broadcast into and a non-leaf keeps its
+    grad_fn. ``.data`` aliases share that memory but neither the autograd
+    history nor the version counter (``detach()`` would share the counter);
+    the counter moves only where gloo moves it (``OpSpec.version_bumps``).
+    """
+    out: dict[str, Any] = {}
+    inference = False
+    for key, value in payload.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.data
+            inference = inference or value.is_inference()
+        elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            out[key] = [t.data for t in value]
+            inference = inference or any(t.is_inference() for t in value)
+        else:
+            out[key] = value
+    return out, inference
+
+
+def bump(result: list[torch.Tensor], times: int) -> None:
+    """Move the outputs' version counters as gloo's kernels do (they write
+    some outputs through tensor copies autograd sees). Inference tensors have
+    no counter and are skipped by torch."""
+    for _ in range(times):
+        _increment_version(result)
+
+
+class SimProcessGroup(GroupIdentity, PointToPoint, dist.ProcessGroup):
     """One rank's handle on one simulated communicator.
 
     The collectives override c10d's Backend API (lists of tensors and an
@@ -165,8 +198,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
                 _one_list(tensors),
                 _reduce_options(dist.AllreduceOptions, op if op is not None else opts),
             )
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "allreduce", tensors, opts)
+        show(self, "allreduce", tensors, opts)
         t = one(tensors, "all_reduce")
         if t.is_sparse:
             return self._allreduce_sparse(t, opts)
@@ -189,8 +221,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
         return self._collective(OPS["all_reduce_sparse"], fp, {SPARSE: Whole(t)}, [t], red, opts=opts)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "allreduce_coalesced", tensors, opts)
+        show(self, "allreduce_coalesced", tensors, opts)
         red = self._reduce_op(opts, tensors[0].dtype, "all_reduce_coalesced") if tensors else "SUM"
         fp = tuple((f"t{i}", (shape(t), t.dtype)) for i, t in enumerate(tensors))
         spec = OPS["all_reduce_coalesced"]
@@ -210,8 +241,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
             bopts = dist.BroadcastOptions()
             bopts.rootRank = root if root is not None else (opts or 0)
             tensors, opts = _one_list(tensors), bopts
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "broadcast", tensors, opts)
+        show(self, "broadcast", tensors, opts)
         t = one(tensors, "broadcast")
         K.require_dense(t, "broadcast", "tensor")
         root = opts.rootRank if opts is not None else 0
@@ -220,8 +250,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
         return self._collective(OPS["broadcast"], fp, {T: t}, [t], root=root, opts=opts)
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> SimWork:  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "reduce", tensors, opts)
+        show(self, "reduce", tensors, opts)
         t = one(tensors, "reduce")
         K.require_dense(t, "reduce", "tensor")
         red = self._reduce_op(opts, t.dtype, "reduce")
@@ -233,8 +262,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
     def allgather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "allgather", output_lists, inputs, opts)
+        show(self, "allgather", output_lists, inputs, opts)
         t = one(inputs, "all_gather")
         outs = member_list(
             "all_gather", "tensor_list", output_lists, self.size(), "tensor", t, list_first=True
@@ -245,8 +273,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
     def reduce_scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "reduce_scatter", outputs, input_lists, opts)
+        show(self, "reduce_scatter", outputs, input_lists, opts)
         out = one(outputs, "reduce_scatter")
         K.require_dense(out, "reduce_scatter", "output")
         ins = member_list(
@@ -275,8 +302,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
     def gather(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "gather", output_lists, inputs, opts)
+        show(self, "gather", output_lists, inputs, opts)
         t = one(inputs, "gather")
         if t.is_complex():
             raise _refused(
@@ -293,8 +319,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
     def scatter(  # type: ignore[override]  # c10d's Backend API, not the stub's overloads
         self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None
     ) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "scatter", outputs, input_lists, opts)
+        show(self, "scatter", outputs, input_lists, opts)
         out = one(outputs, "scatter")
         K.require_dense(out, "scatter", "tensor")
         root = opts.rootRank
@@ -315,8 +340,7 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
     def alltoall(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
     ) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "alltoall", outputs, inputs, opts)
+        show(self, "alltoall", outputs, inputs, opts)
         n = self.size()
         if len(outputs) != n or len(inputs) != n:
             raise ValueError(
@@ -332,15 +356,149 @@ class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, Refusals, dist.Pro
         return self._collective(OPS["all_to_all"], fp, payload, list(outputs), opts=opts)
 
     def barrier(self, opts: Any = None) -> SimWork:
-        if modes_active():  # what gloo's path shows dispatch modes (CommDebugMode)
-            show(self, "barrier", opts)
+        show(self, "barrier", opts)
         earlier = _sanitizer.in_flight_on(self._global_rank, self._info.name)
         work = self._collective(OPS["barrier"], (), {}, [], opts=opts)
-        work.completes = earlier
-        seconds = seconds_of(getattr(opts, "timeout", None))
-        if seconds is not None:
-            work.timeout = seconds
+        work.completes = earlier  # (its timeout= is the op's own, set by _collective)
         return work
 
-    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        monitored_barrier(self, timeout, wait_all_ranks)
+    # -- the flat-buffer collectives and their coalesced forms ---------------------
+    # ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_to_all_single``
+    # take one tensor a rank, split in blocks; their coalesced forms are one call
+    # per tensor pair, one Work for all.
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        show(self, "all_gather_single", output, input, opts)
+        return self._all_gather_single(output, input, opts)
+
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        """``all_gather_single`` past the modes (a coalesced call shows them one op for all)."""
+        same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
+        group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
+        out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
+        fp = (("shape", shape(input)), ("dtype", input.dtype))
+        payload = {IN: input, OUT_FLAT: out_flat}
+        return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output], opts=opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        show(self, "reduce_scatter_single", output, input, opts)
+        return self._reduce_scatter_single(output, input, opts)
+
+    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
+        """``reduce_scatter_single`` past the modes (a coalesced call shows them one op for all)."""
+        same_dtype("reduce_scatter_tensor", "output", output, "input", input)
+        group_sized("reduce_scatter_tensor", "input", input, "output", output, self.size())
+        red = self._reduce_op(opts, output.dtype, "reduce_scatter_tensor")
+        in_flat = input if K.dense(input) else K.flat(input, "reduce_scatter_tensor input")
+        out_flat = (
+            output.view(-1) if output.is_contiguous() else _dense(output, "reduce_scatter_tensor output")
+        )
+        fp = (("shape", shape(output)), ("dtype", output.dtype), ("reduce_op", red))
+        payload = {IN: in_flat, OUT: out_flat}
+        return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red, opts=opts)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> SimWork:
+        show(
+            self, "all_to_all_single", output, input, list(output_split_sizes), list(input_split_sizes), opts
+        )
+        n = self.size()
+        K.require_dense(output, "all_to_all_single", "output")
+        K.require_dense(input, "all_to_all_single", "input")
+        out_splits = K.check_splits(
+            output_split_sizes,
+            output.shape[0] if output.dim() else 0,
+            n,
+            "all_to_all_single output_split_sizes",
+        )
+        in_splits = K.check_splits(
+            input_split_sizes, input.shape[0] if input.dim() else 0, n, "all_to_all_single input_split_sizes"
+        )
+        if output.shape[1:] != input.shape[1:]:
+            raise ValueError(
+                f"all_to_all_single: output and input must agree beyond dim 0, got "
+                f"{list(output.shape)} and {list(input.shape)}"
+            )
+        fp = (("row_shape", shape(input)[1:]), ("dtype", input.dtype))
+        payload = {OUT: output, IN: input, OUT_SPLITS: out_splits, IN_SPLITS: in_splits}
+        return self._collective(OPS["all_to_all_single"], fp, payload, [output], opts=opts)
+
+    def allgather_coalesced(
+        self,
+        output_lists: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        opts: Any = None,
+    ) -> SimWork:
+        """``all_gather_coalesced`` (deprecated in torch): ``output_lists[r][i]``
+        receives input ``i`` of group rank ``r``, as gloo fills it. One
+        all_gather per input, waited for as one call."""
+        n = self.size()
+        if len(output_lists) != n:
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists, "
+                f"expected group size {n}"
+            )
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise ValueError(
+                    f"all_gather_coalesced: output_tensor_lists[{r}] has {len(outs)} tensors, "
+                    f"expected one per input tensor ({len(inputs)})"
+                )
+        with as_one_call(self, "all_gather", inputs, perf_counter_ns() if _profiler.active else 0):
+            works: list[dist.Work] = [
+                self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(inputs)
+            ]
+        return all_of(self._scheduler, self._global_rank, works, [t for outs in output_lists for t in outs])
+
+    def all_gather_single_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
+        # gloo's path: one coalesced op for all the pairs (CommDebugMode counts one)
+        show(self, "allgather_into_tensor_coalesced", list(outputs), list(inputs), opts)
+        works: list[dist.Work] = [self._all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return all_of(self._scheduler, self._global_rank, works, list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # as before: the stub names the parameters otherwise
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
+    ) -> SimWork:
+        # gloo's path: one coalesced op for all the pairs (CommDebugMode counts one)
+        show(self, "reduce_scatter_tensor_coalesced", list(outputs), list(inputs), opts)
+        works: list[dist.Work] = [self._reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return all_of(self._scheduler, self._global_rank, works, list(outputs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]  # as before: the stub names the parameters otherwise
+
+    # -- what a simulated communicator does not have ------------------------------
+    # Each refusal is noted world-wide (``_refused``), so a body that catches the
+    # error and falls back still fails the run.
+
+    def _start_coalescing(self, device: Any) -> None:
+        raise _refused(UnsupportedOperationError("coalescing managers are not supported by simdist"))
+
+
+def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
+    """A channels-last tensor as it is (gloo and NCCL take one); else ``flat``'s refusal."""
+    if not K.dense(t):
+        K.flat(t, what)
+    return t
+
+
+def _flat_or_blocks(output: torch.Tensor, op: str, what: str, size: int) -> torch.Tensor:
+    """A contiguous output as a flat view; a channels-last one as it is, its
+    slots being blocks of dim 0 (refused when dim 0 does not split so)."""
+    if output.is_contiguous():
+        return output.view(-1)
+    _dense(output, f"{op} {what}")
+    if output.shape[0] % size:
+        raise ValueError(
+            f"{op}: a channels-last {what} must split into {size} slots along dim 0, got shape {list(output.shape)}"
+        )
+    return output

@@ -1,13 +1,10 @@
 """gloo's profiler events for simdist's calls, in a rank's profiler session.
 
-gloo opens a RecordFunction for each collective and point-to-point call,
-named ``gloo:<op>``, with the call's input shapes, and ends it on its worker
-thread (so the profiler marks it asynchronous). PyTorch's own tests count
-those events. simdist's backend records the same, one per call, in the
-session of the rank that issues it (``_isolation.profiler``), with the
-backend name the program asked for in place of ``gloo``. The event spans the
-call's issue, not its completion. Only while some rank profiles does a call
-pay more than one attribute read.
+One asynchronous ``gloo:<op>`` event per call, with its input shapes, as
+gloo's RecordFunction (PyTorch's tests count them; docs/torch-state.md), in
+the session of the rank that issues it (``_isolation.profiler``). The event
+spans the call's issue, not its completion. Only while some rank profiles
+does a call pay more than one attribute read.
 """
 
 from __future__ import annotations
@@ -20,29 +17,17 @@ from typing import Any
 import torch
 
 from .._isolation import profiler
-from .ops import SPARSE, Whole
-from .payload import IN, INS, TS, T
+from .ops import IN, INS, SPARSE, TS, T, Whole
 
 __all__ = ["as_one_call", "record"]
 
-# simdist's op -> the name gloo's event carries after "gloo:"
+# simdist's op -> the name gloo's event carries after "gloo:", where the two differ
 _TITLES = {
-    "all_reduce": "all_reduce",
     "all_reduce_sparse": "all_reduce",
     "all_reduce_coalesced": "all_reduce",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "all_gather": "all_gather",
     "all_gather_into_tensor": "all_gather",
-    "reduce_scatter": "reduce_scatter",
     "reduce_scatter_tensor": "all_reduce",  # gloo all-reduces the whole input
-    "gather": "gather",
-    "scatter": "scatter",
-    "all_to_all": "all_to_all",
     "all_to_all_single": "all_to_all",
-    "barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
     "recv_anysource": "recvAnySource",
 }
 

@@ -1,13 +1,9 @@
-"""Letting TorchDispatchModes see the c10d ops a real backend dispatches.
+"""Letting TorchDispatchModes (``CommDebugMode``) see the c10d ops a real backend dispatches.
 
-On gloo, ``dist.all_reduce`` reaches the backend through the dispatcher op
-``c10d.allreduce_``, which modes such as PyTorch's ``CommDebugMode`` count. A
-Python process group is called directly, past the dispatcher (c10d has no
-Python ``Backend``). So when a dispatch mode is active, each call is also made
-on a shadow: a C++ ``ProcessGroup`` of the same rank and size whose backend is
-c10d's ``FakeProcessGroup``. The modes see the same op with the same tensors;
-the fake backend touches nothing (no data, no version counter), and the real
-call then runs in simdist. With no mode active this costs one C call.
+A Python process group is called directly, past the dispatcher (c10d has no
+Python ``Backend``), so while a mode is active each call is also made on a
+shadow C++ group whose backend is c10d's ``FakeProcessGroup`` (it touches no
+data); see docs/never-hang.md. With no mode active this costs one C call.
 """
 
 from __future__ import annotations
@@ -17,11 +13,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
+from torch._C import _len_torch_dispatch_stack
 
 # Modes other than the collective sanitizer's: it judges simdist's calls itself.
 from .._sanitizer import other_modes_active as modes_active
 
-__all__ = ["modes_active", "show"]
+__all__ = ["show"]
 
 # simdist's method -> (the ProcessGroup method gloo's path takes, its default options)
 _SAME_AS: dict[str, tuple[str, Any]] = {
@@ -38,6 +35,8 @@ _SAME_AS: dict[str, tuple[str, Any]] = {
     "alltoall": ("alltoall", _c10d.AllToAllOptions),
     "all_to_all_single": ("alltoall_base", _c10d.AllToAllOptions),
     "barrier": ("barrier", _c10d.BarrierOptions),
+    "allgather_into_tensor_coalesced": ("allgather_into_tensor_coalesced", _c10d.AllgatherOptions),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", _c10d.ReduceScatterOptions),
 }
 
 
@@ -55,8 +54,11 @@ def _shadow(group: Any) -> dist.ProcessGroup:
 
 
 def show(group: Any, method: str, *args: Any) -> None:
-    """Make ``method``'s dispatcher op visible to the active modes. ``args`` are
-    the call's arguments; a trailing None stands for default options."""
+    """Make ``method``'s dispatcher op visible to the active modes, as gloo's path
+    does (with no mode active: one C call). ``args`` are the call's arguments; a
+    trailing None stands for default options."""
+    if not _len_torch_dispatch_stack() or not modes_active():
+        return
     name, options = _SAME_AS.get(method, (method, None))
     if args and args[-1] is None and options is not None:
         args = (*args[:-1], options())

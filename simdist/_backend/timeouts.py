@@ -1,23 +1,11 @@
 """Timeouts as gloo reports them, delivered once a wait can never complete.
 
-simdist keeps no clock: a wait that carries a timeout (``Work.wait(timeout)``,
-``barrier(timeout=)``, a group made with an explicit ``timeout=``,
-``monitored_barrier``) fails exactly when deadlock detection knows it can
-never complete, with the error gloo raises in that rank once the time is up
-(type and words measured on torch 2.13), the deadlock report as its
-``__cause__``. A wait that completes, however late, never times out.
-
-When is the error raised? At once by default: the verdict is the same as
-gloo's, and nobody wants to wait out a timeout (c10d's default is 30
-minutes). Code that measures the time a timeout takes (PyTorch's own
-``test_barrier_timeout_*`` assert it passed) can have timeouts of at most
-``waited_out_up_to_s`` seconds waited out in wall time first, from where
-gloo's clock starts (the call's issue for a group's or barrier's timeout, the
-``wait`` for ``Work.wait(timeout)``, the entry of ``monitored_barrier``), at a
-cost bounded by that timeout. ``simdist.torch_compat`` sets it to
-``REAL_TIME_UP_TO_S`` while it is installed, as PyTorch's tests expect. The
-waiting rank keeps the run token meanwhile, as a ``delay`` fault does; an
-abort of the world cuts the wait short.
+simdist keeps no clock: a wait that carries a timeout fails exactly when
+deadlock detection knows it can never complete, with the error gloo raises in
+that rank (type and words measured on torch 2.13), the deadlock report as its
+``__cause__``; a wait that completes, however late, never times out. When the
+error is raised (at once, or after waiting out a short timeout under
+``simdist.torch_compat``): docs/backend-compat.md, "Timeouts".
 """
 
 from __future__ import annotations

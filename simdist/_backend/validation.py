@@ -65,12 +65,11 @@ def member_list(
     other: torch.Tensor,
     *,
     list_first: bool,
-    same_shape: bool = False,
     dense: bool = False,
 ) -> list[torch.Tensor]:
     """The one list of one tensor per member (all_gather's ``tensor_list``,
     reduce_scatter's ``input_list``, gather's and scatter's root list): the
-    group's size, each entry of ``other``'s dtype (and shape, if asked).
+    group's size, each entry of ``other``'s dtype.
 
     ``list_first`` orders a dtype error's two names as the op's signature does;
     ``dense`` refuses a non-contiguous entry (``kernels.require_dense``).
@@ -85,10 +84,6 @@ def member_list(
             same_dtype(op, other_name, other, f"{name}[{i}]", t)
         if dense:
             kernels.require_dense(t, op, f"{name}[{i}]")
-        if same_shape and t.shape != other.shape:
-            raise ValueError(
-                f"{op}: {name}[{i}] has shape {list(t.shape)}, expected the {other_name} shape {list(other.shape)}"
-            )
     return tensors
 
 

@@ -17,12 +17,6 @@ from .current import _check_caller
 from .timeouts import seconds_of, wait_with_timeout
 
 
-def _emulating() -> bool:
-    """Whether the calling rank's run emulates CUDA (its stream rules then apply)."""
-    world = identity.me.world
-    return world is not None and getattr(world, "cuda_emulation", None) is not None
-
-
 class SimWork(dist.Work):
     """A handle on a pending call; ``wait()`` blocks in the scheduler, bounded
     by deadlock detection and the run's watchdog."""
@@ -43,7 +37,9 @@ class SimWork(dist.Work):
         self._issued = time.monotonic()  # where gloo's transport timeout starts
         # In flight until waited, unless c10d waits for it at once (synchronous).
         self._in_flight = _sanitizer.issued(self, rank, waitable, synchronous)
-        self._streams = _emulating()  # CUDA's stream rules on emulated devices
+        # CUDA's stream rules, where the calling rank's run emulates CUDA devices
+        world = identity.me.world
+        self._streams = world is not None and getattr(world, "cuda_emulation", None) is not None
         if self._streams:
             cuda_collectives.issued(self, rank, waitable)
 
@@ -152,5 +148,4 @@ class _Sequence(SimWork):
         return True
 
 
-def all_of(scheduler: Scheduler, rank: int, works: list[dist.Work], result: list[torch.Tensor]) -> SimWork:
-    return _Sequence(scheduler, rank, works, result)
+all_of = _Sequence  # all_of(scheduler, rank, works, result)
