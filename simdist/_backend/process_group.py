@@ -26,17 +26,17 @@ from ..errors import UnsupportedOperationError
 from ..reduction import check_reduce_op
 from . import ddp_logging as _ddp_logging  # noqa: F401  # registers its patch
 from . import kernels as K
+from .coalesced import Coalesced
 from .current import _check_caller, _current, _refused
 from .group import BACKEND_NAME, GroupIdentity
-from .ops import IN, IN_SPLITS, INS, OPS, OUT, OUT_FLAT, OUT_SPLITS, OUTS, SPARSE, TS, OpSpec, T, Whole
+from .ops import INS, OPS, OUT, OUTS, SPARSE, TS, OpSpec, T, Whole
 from .overlap import Completion
 from .p2p import PointToPoint
-from .profiled import as_one_call
 from .profiled import record as record_profiled
 from .shadow import show
 from .timeouts import seconds_of
-from .validation import group_sized, member_list, one, root_in_group, root_list, same_dtype, shape
-from .work import SimWork, all_of
+from .validation import member_list, one, root_in_group, root_list, same_dtype, shape
+from .work import SimWork
 from .world_hooks import WorldHooks
 
 Fingerprint = tuple[tuple[str, Any], ...]
@@ -92,7 +92,7 @@ def bump(result: list[torch.Tensor], times: int) -> None:
         _increment_version(result)
 
 
-class SimProcessGroup(GroupIdentity, PointToPoint, dist.ProcessGroup):
+class SimProcessGroup(GroupIdentity, Coalesced, PointToPoint, dist.ProcessGroup):
     """One rank's handle on one simulated communicator.
 
     The collectives override c10d's Backend API (lists of tensors and an
@@ -362,143 +362,9 @@ class SimProcessGroup(GroupIdentity, PointToPoint, dist.ProcessGroup):
         work.completes = earlier  # (its timeout= is the op's own, set by _collective)
         return work
 
-    # -- the flat-buffer collectives and their coalesced forms ---------------------
-    # ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_to_all_single``
-    # take one tensor a rank, split in blocks; their coalesced forms are one call
-    # per tensor pair, one Work for all.
-
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
-        show(self, "all_gather_single", output, input, opts)
-        return self._all_gather_single(output, input, opts)
-
-    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
-        """``all_gather_single`` past the modes (a coalesced call shows them one op for all)."""
-        same_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input)
-        group_sized("all_gather_into_tensor", "output_tensor", output, "input", input, self.size())
-        out_flat = _flat_or_blocks(output, "all_gather_into_tensor", "output_tensor", self.size())
-        fp = (("shape", shape(input)), ("dtype", input.dtype))
-        payload = {IN: input, OUT_FLAT: out_flat}
-        return self._collective(OPS["all_gather_into_tensor"], fp, payload, [output], opts=opts)
-
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
-        show(self, "reduce_scatter_single", output, input, opts)
-        return self._reduce_scatter_single(output, input, opts)
-
-    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
-        """``reduce_scatter_single`` past the modes (a coalesced call shows them one op for all)."""
-        same_dtype("reduce_scatter_tensor", "output", output, "input", input)
-        group_sized("reduce_scatter_tensor", "input", input, "output", output, self.size())
-        red = self._reduce_op(opts, output.dtype, "reduce_scatter_tensor")
-        in_flat = input if K.dense(input) else K.flat(input, "reduce_scatter_tensor input")
-        out_flat = (
-            output.view(-1) if output.is_contiguous() else _dense(output, "reduce_scatter_tensor output")
-        )
-        fp = (("shape", shape(output)), ("dtype", output.dtype), ("reduce_op", red))
-        payload = {IN: in_flat, OUT: out_flat}
-        return self._collective(OPS["reduce_scatter_tensor"], fp, payload, [output], red, opts=opts)
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: Sequence[int],
-        input_split_sizes: Sequence[int],
-        opts: Any = None,
-    ) -> SimWork:
-        show(
-            self, "all_to_all_single", output, input, list(output_split_sizes), list(input_split_sizes), opts
-        )
-        n = self.size()
-        K.require_dense(output, "all_to_all_single", "output")
-        K.require_dense(input, "all_to_all_single", "input")
-        out_splits = K.check_splits(
-            output_split_sizes,
-            output.shape[0] if output.dim() else 0,
-            n,
-            "all_to_all_single output_split_sizes",
-        )
-        in_splits = K.check_splits(
-            input_split_sizes, input.shape[0] if input.dim() else 0, n, "all_to_all_single input_split_sizes"
-        )
-        if output.shape[1:] != input.shape[1:]:
-            raise ValueError(
-                f"all_to_all_single: output and input must agree beyond dim 0, got "
-                f"{list(output.shape)} and {list(input.shape)}"
-            )
-        fp = (("row_shape", shape(input)[1:]), ("dtype", input.dtype))
-        payload = {OUT: output, IN: input, OUT_SPLITS: out_splits, IN_SPLITS: in_splits}
-        return self._collective(OPS["all_to_all_single"], fp, payload, [output], opts=opts)
-
-    def allgather_coalesced(
-        self,
-        output_lists: Sequence[Sequence[torch.Tensor]],
-        inputs: Sequence[torch.Tensor],
-        opts: Any = None,
-    ) -> SimWork:
-        """``all_gather_coalesced`` (deprecated in torch): ``output_lists[r][i]``
-        receives input ``i`` of group rank ``r``, as gloo fills it. One
-        all_gather per input, waited for as one call."""
-        n = self.size()
-        if len(output_lists) != n:
-            raise ValueError(
-                f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists, "
-                f"expected group size {n}"
-            )
-        for r, outs in enumerate(output_lists):
-            if len(outs) != len(inputs):
-                raise ValueError(
-                    f"all_gather_coalesced: output_tensor_lists[{r}] has {len(outs)} tensors, "
-                    f"expected one per input tensor ({len(inputs)})"
-                )
-        with as_one_call(self, "all_gather", inputs, perf_counter_ns() if _profiler.active else 0):
-            works: list[dist.Work] = [
-                self.allgather([[outs[i] for outs in output_lists]], [t], opts) for i, t in enumerate(inputs)
-            ]
-        return all_of(self._scheduler, self._global_rank, works, [t for outs in output_lists for t in outs])
-
-    def all_gather_single_coalesced(
-        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
-    ) -> SimWork:
-        # gloo's path: one coalesced op for all the pairs (CommDebugMode counts one)
-        show(self, "allgather_into_tensor_coalesced", list(outputs), list(inputs), opts)
-        works: list[dist.Work] = [self._all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return all_of(self._scheduler, self._global_rank, works, list(outputs))
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # as before: the stub names the parameters otherwise
-
-    def reduce_scatter_single_coalesced(
-        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None
-    ) -> SimWork:
-        # gloo's path: one coalesced op for all the pairs (CommDebugMode counts one)
-        show(self, "reduce_scatter_tensor_coalesced", list(outputs), list(inputs), opts)
-        works: list[dist.Work] = [self._reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return all_of(self._scheduler, self._global_rank, works, list(outputs))
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]  # as before: the stub names the parameters otherwise
-
     # -- what a simulated communicator does not have ------------------------------
     # Each refusal is noted world-wide (``_refused``), so a body that catches the
     # error and falls back still fails the run.
 
     def _start_coalescing(self, device: Any) -> None:
         raise _refused(UnsupportedOperationError("coalescing managers are not supported by simdist"))
-
-
-def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
-    """A channels-last tensor as it is (gloo and NCCL take one); else ``flat``'s refusal."""
-    if not K.dense(t):
-        K.flat(t, what)
-    return t
-
-
-def _flat_or_blocks(output: torch.Tensor, op: str, what: str, size: int) -> torch.Tensor:
-    """A contiguous output as a flat view; a channels-last one as it is, its
-    slots being blocks of dim 0 (refused when dim 0 does not split so)."""
-    if output.is_contiguous():
-        return output.view(-1)
-    _dense(output, f"{op} {what}")
-    if output.shape[0] % size:
-        raise ValueError(
-            f"{op}: a channels-last {what} must split into {size} slots along dim 0, got shape {list(output.shape)}"
-        )
-    return output
