@@ -1,30 +1,16 @@
-"""Handing the run token on without moving the world between CPUs.
+"""Handing the run token on without moving the world between CPUs
+(docs/internals.md, "What a switch costs").
 
-Scheduled, one rank runs at a time, and a switch wakes the next holder while
-the current one goes to sleep. Left alone, the OS puts the woken thread on an
-idle CPU, so every switch moves the interpreter's working set (the world's
-records, the tensors, the objects every rank touches) from one CPU's caches
-to another's. Where CPUs share little of their caches (a 2-CPU VM, measured
-with ``benchmarks/scale.py``) that made a switch about twice as expensive as
-the same switch on one CPU, and a small all_reduce 1.5-2x slower than on the
-same threads kept together; where they share more, the move costs little
-and the pins gain little.
-
-So the rank handing the token on first pins the next holder, which is asleep,
-to the CPU the handing rank runs on; it starts there as soon as the hander
-sleeps, with warm caches. Once it runs, it puts back the CPU mask it had
-before the pin, so a rank's own compute (torch's intra-op threads it starts,
-a mask the rank set itself) is never held to one CPU. That costs three
-system calls a switch (4-8 us) against the tens of microseconds a move
-between CPUs costs.
-
-Only where this can be done (Linux, with ``sched_getcpu``) and is worth it:
-the process may use more than one CPU, and no other thread on the machine is
-running when the run starts. With every CPU busy (two simdist processes on
-two CPUs, as ``pytest -n 2`` runs them) the OS already keeps the ranks where
-they are, and pins only cost their system calls and take away the
-scheduler's freedom: a small all_reduce took 1.1-1.45x as long pinned.
-``SIMDIST_HANDOFF_AFFINITY=0`` turns it off. A failed pin turns it off for
+Left alone, the OS starts the woken holder on an idle CPU, and every switch
+moves the interpreter's working set between CPUs' caches (twice the cost of
+a switch on one CPU where caches are little shared). So the rank handing the
+token on first pins the next holder, asleep, to its own CPU; once it runs,
+the holder puts its own CPU mask back (``restore``), so a rank's compute is
+never held to one CPU: three system calls a switch (4-8 us). Only on Linux
+(``sched_getcpu``), with more than one CPU, and when no other thread on the
+machine runs as the run starts (with every CPU busy the OS keeps ranks where
+they are, and pinned, a small all_reduce took 1.1-1.45x as long).
+``SIMDIST_HANDOFF_AFFINITY=0`` turns it off; a failed pin turns it off for
 the run: where a thread runs never changes what it computes, or in which
 order ranks run.
 """

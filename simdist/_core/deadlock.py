@@ -1,4 +1,5 @@
-"""Which waits can never complete, and telling the threads that wait in them.
+"""Which waits can never complete, telling the threads that wait in them, and
+the text of the reports (every rank's state, pending call and user stack).
 
 Ranks wait for ranks (a collective for the members that have not joined, a
 send for its receiver), and a waiting rank can complete only if every rank it
@@ -18,17 +19,21 @@ called with the world's lock held.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from types import FrameType
 
+from .. import stacks
 from ..errors import DeadlockError, PeerFailedError, mark_consequence
+from .frames import current_frames
 from .matching import CollectiveTable, P2PTable
 from .records import PendingCollective, RankState, ThreadExit, Waitable, copy_error
-from .report import world_report_locked
-from .slots import HelperSlot, Slots
-from .state import Aborts, Findings
+from .slots import Aborts, Findings, HelperSlot, Slots
 from .turns import Turns
 from .waitfor import cannot_complete_threads, deadlock_core, deadlock_headline, failed_roots, reachable
 
 Waits = dict[int, list[list[int]]]  # rank -> what each of its waiting threads needs
+# rank -> (the wait its main thread makes with a timeout, the timeout in
+# seconds, the error that wait raises when it times out)
+Timed = dict[int, tuple[Waitable, float, Callable[[], BaseException]]]
 
 
 class Detector:
@@ -49,12 +54,30 @@ class Detector:
         self._aborts = aborts
         self._findings = findings
         self._describe_rank = describe_rank
-        # rank -> (the wait its main thread makes with a timeout, the timeout
-        # in seconds, the error that wait raises when it times out)
-        self.timed: dict[int, tuple[Waitable, float, Callable[[], BaseException]]] = {}
+        self.timed: Timed = {}
 
     def report_locked(self, headline: str) -> str:
-        return world_report_locked(headline, self._slots, self._p2p, self._describe_rank)
+        """``headline``, then each rank's line (and its helpers'): its state, or
+        the call it waits in and its user stack; then the unmatched
+        point-to-point operations."""
+        slots = self._slots
+        frames = current_frames()
+        lines = [headline]
+        for rank, slot in enumerate(slots.ranks):
+            where = self._describe_rank(rank)
+            wait = wait_text(slots, rank)
+            if wait is not None:
+                lines.append(f"  rank {rank} ({where}): {wait}")
+                frame = frames.get(slot.thread_id) if slot.thread_id is not None else None
+                lines.extend("      " + s for s in stacks.user_stack(frame))
+            else:
+                lines.append(f"  rank {rank} ({where}): {slot.state.value}")
+            lines.extend(helper_lines_locked(slots, rank, frames))
+        unmatched = self._p2p.leftovers(indent="    ")
+        if unmatched:
+            lines.append("  unmatched point-to-point operations:")
+            lines.extend(unmatched)
+        return "\n".join(lines)
 
     # -- finding the stuck ranks ------------------------------------------------
 
@@ -116,18 +139,14 @@ class Detector:
             rest = {r: waits[r] for r in left if r not in fired}
             left = cannot_complete_threads(rest, lambda p: p in fired or self._slots.progressing(p))
 
-    def _timed_among_locked(
-        self, ranks: Iterable[int]
-    ) -> dict[int, tuple[Waitable, float, Callable[[], BaseException]]]:
+    def _timed_among_locked(self, ranks: Iterable[int]) -> Timed:
         """The ranks of ``ranks`` whose main thread waits with a timeout."""
         slots = self._slots.ranks
         return {
             r: self.timed[r] for r in ranks if r in self.timed and slots[r].waiting_on is self.timed[r][0]
         }
 
-    def _fire_shortest_locked(
-        self, timed: dict[int, tuple[Waitable, float, Callable[[], BaseException]]]
-    ) -> set[int]:
+    def _fire_shortest_locked(self, timed: Timed) -> set[int]:
         """Time out the waits of ``timed`` with the shortest timeout; return their ranks."""
         first = min(seconds for _, seconds, _ in timed.values())
         fired = set()
@@ -232,11 +251,7 @@ class Detector:
             why[r] = "which is deadlocked"
         if core:
             headline = deadlock_headline(graph, core, gone, all_wait=self._slots.running == 0)
-            error = DeadlockError(self.report_locked(headline))
-            self._findings.deadlock_found_locked(error)
-            for r in core:
-                self._findings.record_locked(r, error)
-                self._turns.interrupt_rank_locked(r, copy_error(error))
+            self._deadlock_locked(core, headline)
         for r in sorted(why):
             root = roots[r]
             assert root is not None
@@ -309,14 +324,17 @@ class Detector:
             # A timed wait ends, and its rank runs on: the others may yet wake.
             self._fire_shortest_locked(timed)
             return
-        error = DeadlockError(
-            self.report_locked(
-                "deadlock: every live rank is waiting and none can run; rank(s) "
-                f"{stuck} wait for something no rank will ever do"
-            )
+        self._deadlock_locked(
+            stuck,
+            "deadlock: every live rank is waiting and none can run; rank(s) "
+            f"{stuck} wait for something no rank will ever do",
         )
+
+    def _deadlock_locked(self, ranks: list[int], headline: str) -> None:
+        """Report a deadlock of ``ranks`` (``headline`` over the world's report) to each of them."""
+        error = DeadlockError(self.report_locked(headline))
         self._findings.deadlock_found_locked(error)
-        for r in stuck:
+        for r in ranks:
             self._findings.record_locked(r, error)
             self._turns.interrupt_rank_locked(r, copy_error(error))
 
@@ -336,3 +354,34 @@ def thread_waits_locked(slots: Slots, rank: int) -> list[list[int]]:
         else:
             lists.append(needed)
     return lists
+
+
+def wait_text(slots: Slots, rank: int) -> str | None:
+    """ "waiting in <call>; still missing rank(s) [...]" for a rank whose main
+    thread waits in simdist, else None."""
+    slot = slots.ranks[rank]
+    if slot.state is not RankState.WAITING or slot.waiting_on is None:
+        return None
+    w = slot.waiting_on
+    needed = list(w.needed_ranks())
+    return f"waiting in {w.describe()}" + (f"; still missing rank(s) {needed}" if needed else "")
+
+
+def helper_lines_locked(slots: Slots, rank: int, frames: dict[int, FrameType]) -> list[str]:
+    """Each live helper thread of ``rank``: its state, and its user stack
+    (where it is blocked, when that is outside simdist)."""
+    lines = []
+    for helper in slots.ranks[rank].helpers:
+        hw = helper.waiting_on
+        state = (
+            "waiting in " + hw.describe()
+            if hw is not None
+            else "idle pool worker"
+            if helper.idle
+            else "running"
+        )
+        lines.append(f"    helper thread {helper.name!r}: {state}")
+        if not helper.idle:
+            frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
+            lines.extend("        " + s for s in stacks.user_stack(frame))
+    return lines

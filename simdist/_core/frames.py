@@ -1,13 +1,10 @@
 """Every thread's current frame, without CPython 3.11's collector deadlock.
 
 ``sys._current_frames()`` holds the interpreter's thread-list lock while it
-makes frame objects; making one can start a garbage collection, and
-collecting a ``threading.local`` takes that same lock again: the process hangs
-for good, GIL held, watchdog included (CPython gh-106883; 3.11.9 and 3.12
-disable the collector for the call). simdist reads every thread's frame in
-its reports while ranks drop thread-locals all the time (a parked thread's
-reset drops them all), and this machine's 3.11.7 hung a test run so: the
-collector is paused here for the call on every version.
+makes frame objects; a garbage collection started there that frees a
+``threading.local`` takes that lock again and hangs the process, GIL held
+(CPython gh-106883, docs/never-hang.md). Ranks drop thread-locals all the
+time, so the collector is paused for the call on every version.
 """
 
 from __future__ import annotations

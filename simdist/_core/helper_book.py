@@ -10,13 +10,12 @@ unblocked. Whenever a helper stops running, the deadlock check runs again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
+from . import identity
 from .deadlock import Detector
 from .records import ThreadExit
-from .slots import HelperSlot, Slots
-from .state import Aborts
+from .slots import Aborts, HelperSlot, Slots
 from .turns import Turns
 
 
@@ -102,7 +101,6 @@ class HelperBook:
         id): the rank is not blocked while a worker of that pool can start it."""
         with self._lock:
             slot = self._slots.ranks[rank]
-            slot.queued_items += 1
             slot.queued_by_pool[pool] = slot.queued_by_pool.get(pool, 0) + 1
 
     def item_started(self, rank: int, pool: int, dropped: bool = False) -> HelperSlot | None:
@@ -110,7 +108,6 @@ class HelperBook:
         slot is returned), or was ``dropped`` (cancelled) before it could."""
         with self._lock:
             slot = self._slots.ranks[rank]
-            slot.queued_items -= 1
             left = slot.queued_by_pool[pool] - 1
             if left:
                 slot.queued_by_pool[pool] = left
@@ -130,9 +127,9 @@ class HelperBook:
             with self._lock:
                 helper.in_item = False
 
-    def stop(self, helper: HelperSlot, error: BaseException, raise_async: Callable[[int], None]) -> None:
-        """Stop a helper of a rank that has ended (``raise_async(thread id)``
-        raises ``error``'s type in a thread running Python). A helper waiting
+    def stop(self, helper: HelperSlot, error: BaseException) -> None:
+        """Stop a helper of a rank that has ended (``error``'s type is raised
+        in a thread running Python, see ``identity.interrupt``). A helper waiting
         in simdist is told at its wait instead, and a pool worker outside its
         work item's function is left to leave by itself (its pool is shut
         down): an exception raised at a random point there would land in
@@ -143,7 +140,7 @@ class HelperBook:
             if helper.waiting_on is not None:
                 self._slots.interrupt_helper_locked(helper, error)
             elif helper.thread_id is not None and (helper.executor is None or helper.in_item):
-                raise_async(helper.thread_id)
+                identity.interrupt(helper.thread_id, type(error))
 
     def item_finished(self, helper: HelperSlot | None) -> None:
         """The work item a pool worker ran is done (its Future is set)."""

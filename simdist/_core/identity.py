@@ -11,26 +11,18 @@ and cleared by ``unbind`` when it stops:
 * ``helper``: its wait slot when it is a helper thread (None for a rank's main thread),
 * ``hold``: its hold on the process state, if it has one (``_isolation.rank_state``).
 
-Readers on the hot path (c10d routing, the process group's caller check) read
-``me.<field>`` directly: a subclass of ``threading.local`` with class-level
-defaults answers for a thread that was never bound, so no ``getattr`` default
-is needed and a read costs one attribute lookup.
+Readers on the hot path read ``me.<field>`` directly: the class-level
+defaults of this ``threading.local`` subclass answer for a thread never bound.
 
 Stop requests. simdist stops a thread by raising an exception in it
-(``PyThreadState_SetAsyncExc``): the watchdog, Ctrl-C in the caller, a rank's
-end stopping its helpers. Such an exception lands at whatever bytecode the
-thread runs next, including the thread's own clean-up after its body, which
-then stops half done (its helper slot never removed: its rank waits for it).
-``interrupt`` therefore sends a stop only while the thread's gate is open, at
-most once per thread, and ``leave`` shuts the gate before the clean-up: once
-it is shut no stop can be sent, and a stop sent just before is either dropped
-(CPython keeps one pending asynchronous exception per thread; it is cleared)
-or raised while shutting and absorbed there; since it was the only one, the
-second shut cannot be interrupted. No retry loop is needed (the old helper
-clean-up retried up to 100 times, hoping the stops ran out).
-
-A thread that catches its stop and goes on is not asked again: it is one
-simdist cannot stop, and is reported as such.
+(``PyThreadState_SetAsyncExc``: the watchdog, Ctrl-C in the caller, a rank's
+end stopping its helpers), which lands at whatever bytecode the thread runs
+next, its own clean-up included (left half done, its rank would wait for it).
+So ``interrupt`` sends a stop only while the thread's gate is open, at most
+once per thread (one that catches it and goes on is reported as one simdist
+cannot stop), and ``leave`` shuts the gate before the clean-up: a stop sent
+just before is dropped (CPython keeps one pending per thread) or raised while
+shutting and absorbed there, and the second shut cannot be interrupted.
 """
 
 from __future__ import annotations
@@ -170,20 +162,29 @@ def interrupt(ident: int, exc_type: type[BaseException], world: Any = None) -> N
 
 
 class _Withdrawn(BaseException):
-    """A stop taken back: raised in its own thread and caught at once (``_withdraw``)."""
+    """A stop taken back: raised in its own thread and caught at once (``reset_stop_flag``)."""
 
 
-def _withdraw() -> None:
-    """Take back a stop sent to this thread that may not have landed yet.
+def reset_stop_flag() -> None:
+    """Take back a stop sent to this thread that may not have landed yet, and
+    reset CPython 3.11's interpreter-wide "asynchronous exception pending"
+    flag, keeping every stop still on its way to another thread.
 
-    Not by clearing it (``PyThreadState_SetAsyncExc(ident, NULL)``): on
-    CPython 3.11 that leaves the interpreter-wide "asynchronous exception
-    pending" flag set with no thread to reset it, so every thread then runs
-    the eval loop's pending-work handler at each call and loop, for the rest
-    of the process (Hypothesis' engine all but stops). A stop that lands and
-    is handled resets the flag, so the pending one is replaced by a private
-    exception that lands here, inside the ``try``, and is dropped.
-    """
+    Not by clearing the stop (``PyThreadState_SetAsyncExc(ident, NULL)``): on
+    CPython 3.11 that leaves the flag set with no thread to reset it, so every
+    thread then runs the eval loop's pending-work handler at each call and
+    loop, for the rest of the process (Hypothesis' engine all but stops). A
+    stop sent to a thread blocked in native code for good (a helper simdist
+    gave up on), or to one that exits before it lands, keeps the flag set too,
+    and any thread with a trace function (``sys.settrace``, coverage, pdb)
+    then loops for ever at its next function entry. A stop that lands and is
+    handled resets the flag, so a private exception is raised here and
+    dropped; a stop pending in another thread sets the flag again when that
+    thread takes the GIL back, so it still lands. Call it from a thread no
+    other stop can be on its way to (the caller of a run; a thread whose gate
+    is shut): a stop sent to it before the call has landed by then, since
+    sending one takes the GIL and a thread checks for a stop each time it
+    takes the GIL back."""
     try:
         _set_async(threading.get_ident(), _Withdrawn)
         for _ in range(1000):  # each turn checks for pending work; the first one delivers it
@@ -193,25 +194,6 @@ def _withdraw() -> None:
     _set_async(threading.get_ident(), None)  # never delivered (not seen so far): cleared as before
 
 
-def reset_stop_flag() -> None:
-    """Reset CPython 3.11's interpreter-wide "asynchronous exception pending"
-    flag, keeping every stop that is still on its way.
-
-    A stop sent to a thread blocked in native code for good (a helper simdist
-    gave up on), or to one that exits before it lands, keeps that flag set
-    for as long as the thread does not handle it. Until then any thread with
-    a trace function (``sys.settrace``, coverage, pdb) loops for ever at its
-    next function entry: the eval loop's tracing path checks the flag there
-    again before each step and never moves on. A stop this thread raises and
-    catches itself resets the flag (as ``_withdraw`` does); a stop pending in
-    another thread sets it again when that thread takes the GIL back, so it
-    still lands. Call it from a thread no stop can be on its way to (the
-    caller of a run; a thread whose gate is shut): any stop sent to this
-    thread before the call has landed by then, since sending one takes the
-    GIL and this thread checks for a stop each time it takes the GIL back."""
-    _withdraw()
-
-
 def _shut(gate: _Gate) -> None:
     with gate.lock:
         gate.open = False
@@ -219,7 +201,7 @@ def _shut(gate: _Gate) -> None:
     # No stop can be sent any more; one sent before may still be pending.
     if stopped:
         if gate.ident == threading.get_ident():
-            _withdraw()
+            reset_stop_flag()
         else:
             _set_async(gate.ident, None)
 

@@ -47,7 +47,6 @@ class AnySourceRecv(P2POp):
 
 class CollectiveTable:
     def __init__(self) -> None:
-        self.pending: dict[tuple[str, int], PendingCollective] = {}
         # The incomplete collectives of each group by sequence number, and
         # each rank's groups (with its index in them).
         self._open: dict[str, dict[int, PendingCollective]] = {}
@@ -55,17 +54,14 @@ class CollectiveTable:
 
     def join_locked(self, group: GroupInfo, seq: int, call: Call) -> tuple[PendingCollective, bool]:
         """Add ``call``; True when it was the last member's (the caller completes it)."""
-        key = (group.name, seq)
-        pending = self.pending.get(key)
+        open_ = self._open.get(group.name)
+        if open_ is None:  # the group's first call: index its members once
+            open_ = self._open[group.name] = {}
+            for i, member in enumerate(group.ranks):
+                self._groups_of.setdefault(member, []).append((group, i))
+        pending = open_.get(seq)
         if pending is None:
-            pending = PendingCollective(group, seq)
-            self.pending[key] = pending
-            open_ = self._open.get(group.name)
-            if open_ is None:  # the group's first call: index its members once
-                open_ = self._open[group.name] = {}
-                for i, member in enumerate(group.ranks):
-                    self._groups_of.setdefault(member, []).append((group, i))
-            open_[seq] = pending
+            pending = open_[seq] = PendingCollective(group, seq)
         if call.group_rank in pending.calls:
             raise SimulationError(f"internal: rank {call.rank} joined {pending.describe()} twice")
         pending.calls[call.group_rank] = call
@@ -73,18 +69,16 @@ class CollectiveTable:
             # A peer that has already left is noticed when this rank waits.
             return pending, False
         pending.completing = True
-        del self.pending[key]
-        del self._open[group.name][seq]
+        del open_[seq]
         return pending, True
 
     def fail_group_locked(self, name: str, error: BaseException) -> list[PendingCollective]:
         """Take out every pending call on communicator ``name``, failed with ``error``."""
-        failed = []
-        for key in [k for k in self.pending if k[0] == name]:
-            pending = self.pending.pop(key)
-            self._open[name].pop(key[1], None)
+        open_ = self._open.get(name, {})
+        failed = list(open_.values())
+        open_.clear()
+        for pending in failed:
             pending.error, pending.done = error, True
-            failed.append(pending)
         return failed
 
     def waiters_on_locked(self, rank: int, slots: Slots) -> list[int]:
@@ -102,7 +96,9 @@ class CollectiveTable:
         return out
 
     def leftovers(self) -> list[str]:
-        return [f"  {p.describe()}: joined by group ranks {sorted(p.calls)}" for p in self.pending.values()]
+        """Each incomplete collective, group by group."""
+        pending = [p for open_ in self._open.values() for p in open_.values()]
+        return [f"  {p.describe()}: joined by group ranks {sorted(p.calls)}" for p in pending]
 
 
 class P2PTable:
@@ -183,10 +179,7 @@ class P2PTable:
                             out.append(owner)
         return out
 
-    def unmatched(self) -> list[P2POp]:
-        return [op for q in list(self.sends.values()) + list(self.recvs.values()) for op in q]
-
-    def leftovers(self) -> list[str]:
-        items = [f"  rank {op.src}: {op.describe()} at {op.site}" for q in self.sends.values() for op in q]
-        items += [f"  rank {op.dst}: {op.describe()} at {op.site}" for q in self.recvs.values() for op in q]
-        return items
+    def leftovers(self, indent: str = "  ") -> list[str]:
+        """Each unmatched send and recv (sends first), by the rank that posted it."""
+        ops = [op for table in (self.sends, self.recvs) for q in table.values() for op in q]
+        return [f"{indent}rank {op.owner}: {op.describe()} at {op.site}" for op in ops]

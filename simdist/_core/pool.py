@@ -1,34 +1,18 @@
-"""Rank threads kept parked between runs, and handed out again.
+"""Rank threads kept parked between runs, and handed out again (docs/internals.md,
+"Parked rank threads").
 
-Starting an OS thread and ending it cost more than everything else an empty
-8-rank world does (the kernel's clone, the first touches of a fresh stack,
-the exit and the join): about 0.25 ms of CPU a thread on a 2-core machine.
-A rank thread that ends its run cleanly is parked here instead, and the next
-run's rank runs on it.
-
-A parked thread must be indistinguishable from a fresh one. What a task can
-leave behind in its thread is put back or checked before the thread is
-parked: its ``threading.local`` values are dropped (as a thread's exit drops
-them), each task runs in a fresh ``contextvars.Context`` (a new thread's
-context is empty) and sees a ``threading.Thread`` object of its own (see
-``_new_face``: what ``current_thread()`` returns, with its attributes,
-pure-Python ``_threading_local`` values and liveness, is new every task and
-reads as ended once its task has), the trace and profile functions are set
-at every start to what ``threading.settrace``/``setprofile`` give a new
-thread now (None included), ``tidy`` (given by the caller) empties caches
-it knows a thread keeps, and ``fingerprint`` (also the caller's: what it
-knows how to read of a thread's state, such as torch's thread-local
-settings) must then read the same as when the thread was new; a thread that
-fails a check, whose task raised, or that its run gave up on (stuck past
-the watchdog) is not parked but ends, as it always did.
-
-A parked thread is not listed by ``threading.enumerate()`` (it is taken out of
-``threading._active`` while parked and put back before its next task starts):
-code that checks no thread outlives a run keeps seeing only the threads
-doing work. That registry is CPython's private dict keyed by thread id; on a
-Python without it no thread is parked (see ``_registry``). Parked threads are
-daemons, at most ``MAX_IDLE`` of them, woken and ended at interpreter exit, and
-forgotten in a forked child (the fork copies none of them).
+Starting and ending an OS thread cost more than everything else an empty
+8-rank world does (about 0.25 ms of CPU a thread on a 2-core machine), so a
+rank thread that ends its run cleanly is parked and runs a rank of the next
+run. It must be indistinguishable from a new thread: its ``threading.local``
+values are dropped, each task runs in a fresh ``contextvars.Context`` and
+sees a ``threading.Thread`` object of its own (``_new_face``), the trace and
+profile hooks are set as a new thread's, ``tidy`` (the caller's) empties
+caches it knows of, and ``fingerprint`` (the caller's reading of torch's
+thread state) must read as when the thread was new; otherwise, or if its
+task raised or its run gave up on it, the thread ends. A parked thread is
+taken out of ``threading._active`` (``_registry``), so ``enumerate()`` lists
+only threads doing work.
 """
 
 from __future__ import annotations
@@ -69,17 +53,11 @@ _get_dict.restype = ctypes.c_void_p
 _get_dict.argtypes = []
 
 
-def _thread_dict() -> dict[Any, Any]:
-    address = _get_dict()
-    state: dict[Any, Any] = ctypes.cast(address, ctypes.py_object).value if address else {}
-    return state
-
-
 class Seat:
     """One rank's use of a thread, what its run joins (for ``watchdog``).
 
-    ``is_alive`` and ``join`` are about the task: a seat whose task has ended
-    and whose thread is parked again (or has ended) is not alive."""
+    ``join`` is about the task: it returns once the task has ended and its
+    thread is parked again (or has ended)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -92,19 +70,12 @@ class Seat:
     def ident(self) -> int | None:
         return None if self.worker is None else self.worker.thread.ident
 
-    def is_alive(self) -> bool:
-        worker = self.worker
-        return worker is not None and worker.thread.is_alive() and not self.released.is_set()
-
     def join(self, timeout: float | None = None) -> None:
         worker = self.worker
         if worker is None or worker.thread.ident is None:
             return
         if self.released.wait(timeout) and worker.ending:
             worker.thread.join(timeout)
-
-    def abandon(self) -> None:
-        self.abandoned = True
 
 
 def _nothing() -> None:
@@ -130,24 +101,6 @@ def _new_face(name: str) -> threading.Thread | None:
 
 # Whether this Python's Thread objects can be made per task (else none is parked).
 _FACES = _new_face("simdist-probe") is not None
-
-
-def _stand_for(face: threading.Thread, thread: threading.Thread) -> None:
-    """Give ``face`` the ids of the running OS thread behind ``thread``."""
-    face._ident = thread.ident  # type: ignore[attr-defined]  # private: what .ident reads
-    if hasattr(face, "_native_id"):
-        face._native_id = thread.native_id
-    face._started.set()  # type: ignore[attr-defined]  # private: the flag start() sets
-
-
-def _wear(face: threading.Thread, thread: threading.Thread) -> None:
-    """Make ``face`` the calling thread's ``Thread`` object for its task."""
-    _stand_for(face, thread)
-    found = _registry()
-    if found is not None:
-        registry, lock = found
-        with lock:
-            registry[threading.get_ident()] = face
 
 
 def _take_off(face: threading.Thread) -> None:
@@ -202,7 +155,7 @@ class _Worker:
         """A new thread's life: tasks until one cannot be followed by another."""
         _keep_dump_signal_for_the_main_thread()
         self.thread = threading.current_thread()
-        self.pristine = _thread_state(self.fingerprint)
+        self.pristine = self.fingerprint()
         identity.mark_pooled(threading.get_ident())
         try:
             while True:
@@ -224,7 +177,7 @@ class _Worker:
         thread, face = self.thread, self.face
         thread.name = seat.name
         if face is not None:
-            _wear(face, thread)
+            _show(thread, face)  # its task's own Thread object
         # What a new thread's bootstrap installs now, None included: a hook
         # removed since the last task must not stay set on this thread.
         sys.settrace(threading.gettrace())
@@ -252,7 +205,7 @@ class _Worker:
             sys.setprofile(None)
             _drop_thread_locals()
             self.tidy()
-            clean = _thread_state(self.fingerprint) == self.pristine
+            clean = self.fingerprint() == self.pristine
         except Exception:
             clean = False  # a state it cannot read is not one it can vouch for
         with _lock:
@@ -299,45 +252,33 @@ class _Worker:
 
 
 def _keep_dump_signal_for_the_main_thread() -> None:
-    """Block SIGUSR1 in this rank thread (and so in every thread it starts,
-    which inherit its mask): the kernel then delivers a SIGUSR1 sent to the
-    process to a thread that takes it, the main thread, whose wait it
-    interrupts, so the stack dump (``debug._dump``) comes while the run is
-    stuck. Delivered to a rank thread, CPython only flags it for the main
-    thread, which runs the handler when its wait next returns: after the run."""
+    """Block SIGUSR1 in this rank thread and the threads it starts, so the
+    stack dump (``debug._dump``) comes while a run is stuck
+    (docs/threads-and-exits.md, "SIGUSR1 while a run is stuck")."""
     usr1 = getattr(signal, "SIGUSR1", None)
     if usr1 is not None and hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_BLOCK, {usr1})
 
 
-def _thread_state(fingerprint: Callable[[], Any]) -> Any:
-    return fingerprint()
-
-
 def _drop_thread_locals() -> None:
     """Forget this thread's ``threading.local`` values, as its exit would:
     CPython keeps each in the thread state's dict under a key of its own."""
-    state = _thread_dict()
+    address = _get_dict()
+    state: dict[Any, Any] = ctypes.cast(address, ctypes.py_object).value if address else {}
     for key in [k for k, v in state.items() if type(v).__name__ == "_localdummy"]:
         del state[key]
 
 
-# threading's private registry of live threads (what enumerate() lists) is
-# looked up on this module at every use, never bound at import: a Python whose
-# threading keeps no ``_active`` dict keyed by thread id (another
-# implementation, a later CPython) still imports simdist and runs, only
-# without parking (see ``_registry``). Its lock is read each time too: a forked
-# child gets a new one.
+# Where threading's private registry is looked up, at every use (never bound
+# at import: a forked child gets a new lock).
 _internals: Any = threading
 
 
 def _registry() -> tuple[dict[int, threading.Thread], Any] | None:
-    """threading's registry of live threads and its lock, or None when this
-    Python does not keep them as CPython does. Without them a parked thread
-    could not be taken out of ``threading.enumerate()``, and a listed parked
-    thread would look like a thread leaked by the run (to pytest fixtures
-    that check for leftovers, ours included): then no thread is parked, and
-    every rank thread ends with its run, as before reuse existed."""
+    """threading's registry of live threads (what ``enumerate()`` lists) and
+    its lock, or None on a Python that does not keep them as CPython does:
+    there no thread is parked, since a parked thread still listed would look
+    like a thread leaked by the run (docs/internals.md)."""
     registry = getattr(_internals, "_active", None)
     lock = getattr(_internals, "_active_limbo_lock", None)
     if type(registry) is not dict or lock is None:
@@ -360,14 +301,18 @@ def _hide(ident: int) -> bool:
 
 
 def _show(thread: threading.Thread, face: threading.Thread | None = None) -> None:
-    """List a parked thread again, as ``face`` when given (its next task's)."""
+    """List a parked thread again, as ``face`` when given (its task's, given
+    the ids of the OS thread behind ``thread``)."""
     assert thread.ident is not None
     found = _registry()
     if found is None:
         return  # taken away while the thread was parked: it stays unlisted
     registry, lock = found
     if face is not None:
-        _stand_for(face, thread)
+        face._ident = thread.ident  # type: ignore[attr-defined]  # private: what .ident reads
+        if hasattr(face, "_native_id"):
+            face._native_id = thread.native_id
+        face._started.set()  # type: ignore[attr-defined]  # private: the flag start() sets
     with lock:
         registry[thread.ident] = thread if face is None else face
 

@@ -1,4 +1,5 @@
-"""Each thread's slot, and the counters only these methods edit.
+"""Each thread's slot, the counters only these methods edit, and the world's
+aborts and findings.
 
 A rank has its main thread's slot (``RankSlot``) and one ``HelperSlot`` per
 live helper thread. ``Slots`` keeps the world's counts in step with the
@@ -14,7 +15,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import RankState, ThreadExit, Waitable
+from ..errors import DeadlockError
+from .records import RankState, ThreadExit, Waitable, copy_error
 
 
 class Parker:
@@ -76,8 +78,9 @@ class RankSlot:
     failure: str = ""  # "Type: message" of a rank that failed on its own
     helpers: list[HelperSlot] = field(default_factory=list)  # live HelperSlots
     helpers_done: list[ThreadExit] = field(default_factory=list)  # waits for non-daemon helpers
-    queued_items: int = 0  # pool work items submitted by the rank, not yet started
-    queued_by_pool: dict[int, int] = field(default_factory=dict)  # the same, per pool
+    # Pool work items submitted by the rank, not yet started, per pool (id of
+    # its executor; a pool with none queued has no entry).
+    queued_by_pool: dict[int, int] = field(default_factory=dict)
 
 
 class Slots:
@@ -170,23 +173,12 @@ class Slots:
         helpers = slot.helpers
         if any(h.waiting_on is None and not h.idle for h in helpers):
             return True
-        if slot.queued_items:
-            for pool, queued in slot.queued_by_pool.items():
-                if queued > 0:
-                    workers = [h for h in helpers if h.pool == pool]
-                    # Every worker waiting in simdist: the item waits for one of those waits.
-                    if not workers or any(h.waiting_on is None for h in workers):
-                        return True
+        for pool in slot.queued_by_pool:
+            workers = [h for h in helpers if h.pool == pool]
+            # Every worker waiting in simdist: the item waits for one of those waits.
+            if not workers or any(h.waiting_on is None for h in workers):
+                return True
         return False
-
-    def thread_waits(self, rank: int) -> list[list[int]]:
-        """What each waiting thread of ``rank`` needs, its main thread first."""
-        slot = self.ranks[rank]
-        lists = []
-        if slot.state is RankState.WAITING and slot.waiting_on is not None:
-            lists.append(list(slot.waiting_on.needed_ranks()))
-        lists += [list(h.waiting_on.needed_ranks()) for h in slot.helpers if h.waiting_on is not None]
-        return lists
 
     def waiting_threads(self, rank: int) -> list[tuple[HelperSlot | None, Waitable]]:
         """Each waiting thread of ``rank`` (None: its main thread) with its wait."""
@@ -196,3 +188,57 @@ class Slots:
             threads.append((None, slot.waiting_on))
         threads += [(h, h.waiting_on) for h in slot.helpers if h.waiting_on is not None]
         return threads
+
+
+_MAX_RECORDED = 1000
+
+
+class Aborts:
+    """A world-wide abort (watchdog, Ctrl-C, the run's end) and aborted communicators."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None  # every wait raises it
+        self.event = threading.Event()
+        # Set once the run is over: any later call on this world raises this.
+        self.closed: str | None = None
+        self.closed_error: BaseException | None = None
+        # Aborted communicators: checked under the lock, so a call entering an
+        # aborted group can never start a pending call nobody will complete.
+        self.groups: dict[str, BaseException] = {}
+
+    def abort_locked(self, error: BaseException, slots: Slots) -> None:
+        self.error = error
+        self.event.set()
+        for slot in slots.ranks:
+            slot.parker.unpark()
+            for helper in slot.helpers:
+                helper.parker.unpark()
+
+    def fresh_error(self) -> BaseException:
+        """What a wait raises once aborted: the run's end says more than the abort."""
+        error = self.closed_error or self.error
+        assert error is not None
+        return copy_error(error)
+
+
+class Findings:
+    """What the run's outcome is decided from, whatever the ranks caught."""
+
+    def __init__(self) -> None:
+        # Ranks that raised out of their body because of another rank's failure.
+        self.released: set[int] = set()
+        # simdist errors raised inside ranks (deadlocks, mismatches, injected
+        # crashes), in the order they happened: run() reports them even when
+        # every rank caught them.
+        self.recorded: list[tuple[int, BaseException]] = []
+        self.deadlock: DeadlockError | None = None
+
+    def record_locked(self, rank: int, error: BaseException) -> None:
+        # Only the first errors matter to the outcome; a body that catches and
+        # retries forever must not grow this without bound.
+        if len(self.recorded) < _MAX_RECORDED:
+            self.recorded.append((rank, error))
+
+    def deadlock_found_locked(self, error: DeadlockError) -> None:
+        if self.deadlock is None:
+            self.deadlock = error

@@ -3,9 +3,8 @@
 The first thread starts every other before it runs its own target, while the
 caller waits for all of them to have started: the caller is never left
 blocked in ``Thread.start`` when the OS refuses a thread, and a deadline
-stops the starting between two threads. Starting them in a tree (each thread
-starting four more) was measured against this and was slower (4096 new
-threads: 3.5-4.4 s against 2.7-3.1 s; ``benchmarks/mechanisms.py``).
+stops the starting between two threads. Starting them in a tree was slower
+(docs/internals.md, the speed audit).
 """
 
 from __future__ import annotations

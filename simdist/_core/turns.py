@@ -19,8 +19,7 @@ from ..policy import Policy
 from . import affinity
 from .affinity import Handoffs
 from .records import RankState, Waitable, copy_error
-from .slots import RankSlot, Slots
-from .state import Aborts
+from .slots import Aborts, RankSlot, Slots
 
 
 def _nothing() -> None:
@@ -37,7 +36,6 @@ class Turns:
     # Scheduled, the deadlock walk is never deferred: when it runs must not
     # depend on timing.
     defer_settle = False
-    switches = 0
 
     def __init__(self, slots: Slots) -> None:
         self._slots = slots
@@ -153,7 +151,6 @@ class RunToken(Turns):
         # rank that waits while no rank can run is stuck, whatever it waits for.
         self.nothing_runnable_locked: Callable[[], None] = lambda: None
         self._holder: int | None = None
-        self.switches = 0
         for r in range(slots.world_size):
             policy.push(r)
         # The first holder, given the token by ``begin``: a rank that ran while
@@ -223,7 +220,6 @@ class RunToken(Turns):
         ranks = self._slots.ranks
         self._holder = self._policy.pick(lambda r: ranks[r].state is RankState.RUNNING)
         if self._holder is not None:
-            self.switches += 1
             slot = ranks[self._holder]
             self.handoffs.pin(slot.native_id)
             slot.parker.unpark()

@@ -115,10 +115,6 @@ def reachable(graph: dict[int, list[int]], start: int, within: set[int]) -> list
     return order
 
 
-def on_cycle(graph: dict[int, list[int]], r: int, within: set[int]) -> bool:
-    return r in reachable(graph, r, within)
-
-
 def find_cycle(graph: dict[int, list[int]], within: set[int]) -> list[int]:
     """One cycle of the wait-for graph inside ``within`` (lowest rank first), or []."""
     for start in sorted(within):
@@ -167,4 +163,6 @@ def failed_roots(
 def deadlock_core(graph: dict[int, list[int]], deadlocked: set[int], gone: Container[int]) -> list[int]:
     """The core of a deadlock: ranks on a cycle, or waiting on a rank that has
     finished; the same whatever the timing."""
-    return sorted(r for r in deadlocked if on_cycle(graph, r, deadlocked) or any(p in gone for p in graph[r]))
+    return sorted(
+        r for r in deadlocked if r in reachable(graph, r, deadlocked) or any(p in gone for p in graph[r])
+    )

@@ -1,8 +1,7 @@
 """One run, from the call to its outcome.
 
 ``options`` (validated ``RunOptions``), ``world`` (the shared state: groups,
-scheduler, store) with ``calls`` (per-call hooks: faults, fingerprints),
-``rank`` (a rank thread's life and its helpers' end), ``watchdog`` (joining
+scheduler, store, per-call hooks), ``rank`` (a rank thread's life and its helpers' end), ``watchdog`` (joining
 and interrupting threads), ``outcome`` (what the run returns or raises),
 ``observers`` (CommStats, explore, trace files) and ``runner`` (``run``).
 """

@@ -105,22 +105,11 @@ class RunOptions:
     schedule_seed: int | None = None
     rank_local: Sequence[Any] = ()
     share_args: bool = False
-    # Issue 18.3: members meeting at one sequence number from different call
-    # sites is a CollectiveMismatchError. Read by the backend's fingerprint
-    # check as ``world.options.strict_call_sites``.
     strict_call_sites: bool = False
-    # The collective sanitizer (simdist._sanitizer): an op that races with
-    # the rank's own async call in flight is an AsyncRaceError; a Work never
-    # waited is a warning, an error with strict_async; collectives issued
-    # async on two groups in opposite orders by two ranks are an error with
-    # check_group_order (always when a group asked for NCCL semantics).
-    check_async: bool = True
+    check_async: bool = True  # the collective sanitizer (simdist._sanitizer)
     strict_async: bool = False
     check_group_order: bool = False
-    # CUDA emulation (simdist._cuda): "emulate" makes torch.cuda answer as on a
-    # node of cuda_devices GPUs (default: the world, at most 8) in every rank,
-    # and device="cuda" tensors emulated ones (CPU storage, cuda:N reported).
-    cuda: str | None = None
+    cuda: str | None = None  # CUDA emulation (simdist._cuda)
     cuda_devices: int | None = None
     # debug hook: simdist.debug's options (checked when the run starts, and by the marker)
     post_mortem: bool | None = None
@@ -168,10 +157,6 @@ class RunOptions:
     def policy_seed(self) -> int:
         """The schedule's seed: ``schedule_seed``, else the run's ``seed``."""
         return self.seed if self.schedule_seed is None else self.schedule_seed
-
-    @property
-    def scheduled(self) -> bool:
-        return self.schedule != "concurrent"
 
     def reduction_model(self) -> ReductionModel:
         return make_model(self.reduction, self.seed)

@@ -35,7 +35,7 @@ def outcome(
     caught them), the watchdog, rank failures (the lowest failed rank is the
     cause), calls left incomplete. Every error carries ``results``: what each
     rank returned (None if it raised)."""
-    sched = world.scheduler
+    found = world.scheduler.findings
     note = "" if trace_error is None else f"\n(the trace could not be written: {trace_error})"
     watchdog = "" if timed_out is None else f"\nafterwards the watchdog fired:\n{timed_out}"
 
@@ -45,15 +45,15 @@ def outcome(
         recorded = world.recorder.tail(None if world.world_size <= 16 else sorted(failures))
         return recorded + world.call_site_notes() + note
 
-    if sched.deadlock is not None:
-        _fail(DeadlockError(f"{sched.deadlock}{watchdog}\n{tail()}"), failures, results, sched.deadlock)
-    mismatch = next((e for _, e in sched.recorded if isinstance(e, CollectiveMismatchError)), None)
+    if found.deadlock is not None:
+        _fail(DeadlockError(f"{found.deadlock}{watchdog}\n{tail()}"), failures, results, found.deadlock)
+    mismatch = next((e for _, e in found.recorded if isinstance(e, CollectiveMismatchError)), None)
     if mismatch is not None:
         _fail(CollectiveMismatchError(f"{mismatch}{watchdog}\n{tail()}"), failures, results, mismatch)
     if timed_out is not None:
         _fail(SimulationTimeout(f"{timed_out}\n{tail()}"), failures, results)
     _raise_rank_failures(world, results, failures, tail)
-    leftovers = sched.leftovers()
+    leftovers = world.scheduler.leftovers()
     if leftovers is not None:
         _fail(DeadlockError(f"every rank returned, but {leftovers}\n{tail()}"), failures, results)
     return results
@@ -64,10 +64,10 @@ def _raise_rank_failures(
 ) -> None:
     """A ``RankError`` for the ranks that failed of their own accord or caught
     a simdist error and went on; peers released by a failure are listed."""
-    sched = world.scheduler
-    own = {r: e for r, e in failures.items() if r not in sched.released}
+    found = world.scheduler.findings
+    own = {r: e for r, e in failures.items() if r not in found.released}
     caught: dict[int, BaseException] = {}
-    for r, e in sched.recorded:  # simdist errors a rank caught and went on from
+    for r, e in found.recorded:  # simdist errors a rank caught and went on from
         if r not in failures and r not in caught:
             caught[r] = e
     if own or caught:
@@ -80,7 +80,7 @@ def _raise_rank_failures(
                     f"rank {r} ({world.describe_rank(r)}) caught {type(caught[r]).__name__} and "
                     f"went on (a failure all the same): {caught[r]}"
                 )
-        released = sorted(sched.released)
+        released = sorted(found.released)
         if released:
             lines.append(f"released from waits by the failure: rank(s) {released}")
         lines.append(tail())

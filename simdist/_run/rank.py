@@ -162,7 +162,7 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     for helper in left:
         # An idle pool worker leaves by itself now that its pool is shut down.
         if helper.thread_id is not None and not helper.idle:
-            scheduler.helpers.stop(helper, SimulationError(), _raise_simulation_error)
+            scheduler.helpers.stop(helper, SimulationError())
     # Never past the run's watchdog: it would interrupt this clean-up and
     # report a timeout instead of what the rank did.
     grace = min(time.monotonic() + watchdog.GRACE_S, world.deadline - _GRACE_MARGIN_S)
@@ -180,10 +180,6 @@ def end_helpers(world: World, rank: int, failure: BaseException | None = None) -
     if failed and failure is None:
         _name, exc = failed[0]
         raise exc
-
-
-def _raise_simulation_error(thread_id: int) -> None:
-    watchdog.raise_in(thread_id, SimulationError)
 
 
 def _unstoppable_helpers(rank: int, left: list[Any], returned: bool) -> str:

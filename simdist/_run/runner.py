@@ -7,7 +7,6 @@ stuck in plain compute past the watchdog, interrupted and then joined) before
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import time
@@ -32,7 +31,7 @@ from ..reduction import ReductionModel
 from ..trace import DEFAULT_RECORDS
 from . import watchdog
 from .observers import RunObserver, observers_for, tell_ended
-from .options import DEFAULT_TIMEOUT_S, RunOptions
+from .options import DEFAULT_TIMEOUT_S, OPTION_NAMES, RunOptions
 from .outcome import outcome
 from .rank import RankThreads, rank_inputs
 from .world import World
@@ -116,11 +115,10 @@ def run(
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     # Every keyword but fn, args and kwargs is a RunOptions field of the same name.
     given = locals()
-    options = RunOptions(**{name: given[name] for name in _OPTION_NAMES})
+    options = RunOptions(layout=layout, world_size=world_size, **{name: given[name] for name in OPTION_NAMES})
     return run_with_options(fn, options, args, kwargs, called_at=called_at)
 
 
-_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(RunOptions) if f.name != "caller")
 _run_counter = itertools.count(1)
 
 
@@ -219,7 +217,7 @@ def _start_and_join(ranks: RankThreads, deadline: float) -> str | None:
     finally:
         for t in threads:
             if watchdog.is_alive(t):
-                t.abandon()  # left behind: its thread ends whenever it returns, never parked
+                t.abandoned = True  # left behind: its thread ends whenever it returns, never parked
 
 
 def _tear_down(

@@ -34,25 +34,23 @@ def raise_in(thread_id: int, error: type[BaseException], world: World | None = N
 
 
 def join_all(threads: list[Seat], world: World, deadline: float, timeout: float) -> str | None:
-    """Join every rank thread; at the watchdog's ``deadline`` (``timeout``
-    seconds after ``run`` was called) interrupt the stuck ones.
-
-    Returns the watchdog report when it fired, else None.
-    """
+    """Join every rank thread (``threads[r]`` runs rank r); at the watchdog's
+    ``deadline`` (``timeout`` seconds after ``run`` was called) interrupt the
+    stuck ones. Returns the watchdog report when it fired, else None."""
     for t in threads:
         join(t, max(0.0, debug_hooks.time_left(world, deadline)))  # debug hook: paused clock
         while is_alive(t) and debug_hooks.time_left(world, deadline) > 0:  # debug hook: paused clock
             join(t, debug_hooks.time_left(world, deadline))
-    alive = [t for t in threads if is_alive(t)]
+    alive_ranks = [r for r, t in enumerate(threads) if is_alive(t)]
+    alive = [threads[r] for r in alive_ranks]
     if not alive:
         return None
     frames = current_frames()
     # Scheduled, a rank that never got the run token back did not hang: the
     # rank holding it did (or a rank the holder waits on outside simdist).
-    queued = world.scheduler.queued_ranks()
     # What each rank waits in and its helpers, as of the deadline too: a rank
     # inside a call is reported waiting in it, never as running.
-    waits, helper_lines = world.scheduler.watchdog_view(frames)
+    queued, waits, helper_lines = world.scheduler.watchdog_view(frames)
     # Stop the ranks first, describe them after (from the frames taken at the
     # deadline): formatting stacks while dozens of busy ranks fight for the
     # GIL took many times the timeout itself.
@@ -61,8 +59,8 @@ def join_all(threads: list[Seat], world: World, deadline: float, timeout: float)
         world,
         SimulationTimeout(f"watchdog: the run was still going {timeout:g} s after run() was called"),
     )
-    listed = [t for t in alive if int(t.name.rsplit("-", 1)[1]) not in queued]
-    running = [t for t in listed if int(t.name.rsplit("-", 1)[1]) not in waits]
+    listed = [r for r in alive_ranks if r not in queued]
+    running = [r for r in listed if r not in waits]
     lines = [f"watchdog: {len(running)} rank(s) still running after {timeout:g} s"]
     stalled = sorted(r for r in queued if is_alive(threads[r]))
     if stalled:
@@ -70,11 +68,10 @@ def join_all(threads: list[Seat], world: World, deadline: float, timeout: float)
             f"  rank(s) {stalled} were ready to run, but never got the run token back "
             f"(one rank runs at a time, until it blocks in simdist or returns)"
         )
-    for t in listed:
-        rank = int(t.name.rsplit("-", 1)[1])
+    for rank in listed:
         wait = f" {waits[rank]}" if rank in waits else ""
         lines.append(f"  rank {rank} ({world.describe_rank(rank)}):{wait}")
-        lines.extend("      " + s for s in stacks.user_stack(frames.get(t.ident or -1)))
+        lines.extend("      " + s for s in stacks.user_stack(frames.get(threads[rank].ident or -1)))
         lines.extend(helper_lines.get(rank, ()))
     report = "\n".join(lines)
     still = wait_for(alive)
@@ -129,17 +126,17 @@ def wait_for(threads: list[Seat]) -> list[Seat]:
 
 
 def is_alive(t: Seat) -> bool:
-    done = getattr(t, "simdist_exited", None)
-    return t.is_alive() if done is None or not t.ident else not done.is_set()
+    """Whether the rank has not left simdist yet (its thread's own liveness
+    cannot be trusted: see ``RankThreads.exited``)."""
+    assert t.simdist_exited is not None
+    return bool(t.ident) and not t.simdist_exited.is_set()
 
 
 def join(t: Seat, timeout: float) -> None:
-    done = getattr(t, "simdist_exited", None)
     if not t.ident:
         return  # never started (the OS refused a thread, or interrupted while starting)
-    if done is None:
-        t.join(timeout)
-    elif _wait_event(done, timeout):
+    assert t.simdist_exited is not None
+    if _wait_event(t.simdist_exited, timeout):
         t.join(1.0)  # it has left simdist; let the thread park or end
 
 

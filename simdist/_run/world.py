@@ -2,7 +2,8 @@
 
 It owns the scheduler, the store, the per-rank process states, the flight
 recorder, the fault state and the registry of process groups; the per-call
-hooks (faults, fingerprints) come from ``CallHooks``.
+hooks (flight record, faults, fingerprint and call-site comparison) are the
+backend's ``_backend.hooks.CallHooks``, read through the run's options.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
 from .._backend.group import SimGroup
+from .._backend.hooks import CallHooks
+from .._backend.world_hooks import WorldHooks
 from .._core.records import GroupInfo, PendingCollective, Waitable
 from .._core.scheduler import Scheduler
 from .._cuda.device_api import EmulatedCuda
@@ -28,15 +29,15 @@ from ..layout import Layout
 from ..policy import make_policy
 from ..store import RankStore
 from ..trace import Recorder
-from .calls import CallHooks
 from .options import RunOptions
 
 
-class World(CallHooks):
+class World(CallHooks, WorldHooks):
     """One simulation's shared state, built from validated ``RunOptions``."""
 
     def __init__(self, options: RunOptions, keep_all_records: bool = False) -> None:
         self.options = options
+        self.strict_call_sites = options.strict_call_sites  # read by the backend's fingerprint check
         self.layout = options.layout
         self.world_size = n = options.size
         self.reduction = options.reduction_model()
@@ -55,7 +56,7 @@ class World(CallHooks):
                 functools.partial(describe_rank, options.layout, n),
                 _call_done,
                 policy,
-                functools.partial(_resume, self.states) if self.states else _no_resume,
+                self.states.switch_to if self.states is not None else lambda rank, aborted: None,
                 release_process,
             )
             self.store = RankStore(self.scheduler) if policy is not None else dist.HashStore()
@@ -134,14 +135,6 @@ def describe_rank(layout: Layout | None, world_size: int, rank: int) -> str:
         return f"rank {rank} of {world_size}"
     c = layout.coords(rank)
     return f"tp={c.tp} cp={c.cp} dp={c.dp} pp={c.pp}"
-
-
-def _resume(states: RankStates, rank: int, aborted: Callable[[], Any]) -> None:
-    states.switch_to(rank, aborted)
-
-
-def _no_resume(rank: int, aborted: Callable[[], Any]) -> None:
-    return None
 
 
 def _call_done(waitable: Waitable) -> None:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist._backend import timeouts
-from simdist._core.waiting import Waiting
+from simdist._core.scheduler import Scheduler as Waiting
 
 TIMEOUT = 60.0
 
