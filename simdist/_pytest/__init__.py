@@ -1,5 +1,4 @@
-"""simdist's pytest plugin: ``plugin`` (the hooks and fixtures pytest loads),
-``marker`` (what ``@pytest.mark.simdist`` asks for), ``runner`` (running a
-marked test on the simulator, spawned processes or torchrun), ``remote``
-(finding the test in a rank process), ``torchrun`` (joining a launched
-world) and ``profiles`` (``--simdist-profile``)."""
+"""simdist's pytest plugin: ``plugin`` (the hooks and fixtures pytest loads,
+joining a torchrun world), ``marker`` (what ``@pytest.mark.simdist`` asks
+for), ``runner`` (running a marked test on the simulator, spawned processes or
+torchrun) and ``profiles`` (``--simdist-profile``)."""

@@ -15,6 +15,9 @@ A thin layer over the library: everything here can be done without pytest.
 
 from __future__ import annotations
 
+import datetime
+import functools
+import hashlib
 import inspect
 import os
 from collections.abc import Callable, Generator
@@ -81,8 +84,6 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 "simdist: under torchrun each process is already one rank; do not add pytest-xdist's -n"
             )
-        from .torchrun import TorchrunWorld
-
         config.stash[_TORCHRUN] = TorchrunWorld(backend, config.getoption("--simdist-timeout"))
 
 
@@ -212,10 +213,53 @@ def simdist_run(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
     """``simdist.run`` with the session's watchdog timeout as default."""
     from .._run import run
 
-    timeout = request.config.getoption("--simdist-timeout")
+    return functools.partial(run, timeout=request.config.getoption("--simdist-timeout"))
 
-    def runner(fn: Callable[..., Any], **kwargs: Any) -> list[Any]:
-        kwargs.setdefault("timeout", timeout)
-        return run(fn, **kwargs)
 
-    return runner
+class TorchrunWorld:
+    """pytest started by torchrun: this process is one rank of a real world.
+
+    The plugin joins that world once per session (``env://``), runs each marked
+    test's body as this rank, and uses a side gloo group to agree with the other
+    ranks on what was collected and on each test's outcome. A real backend has no
+    deadlock detector: a rank that fails while its peers wait in a collective
+    leaves them waiting until the process group's timeout (``--simdist-timeout``).
+    """
+
+    def __init__(self, backend: str, timeout: float) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.backend = backend
+        self.owns_default_group = not dist.is_initialized()
+        if self.owns_default_group:
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(
+                backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout)
+            )
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # Outcomes and collection checks are Python objects: gloo carries them
+        # whatever the tests' backend is.
+        self.side_group = dist.new_group(backend="gloo")
+
+    def check_same_collection(self, nodeids: list[str]) -> None:
+        """Every rank must run the same marked tests in the same order, or the worlds would cross."""
+        import torch.distributed as dist
+
+        digest = hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, (digest, len(nodeids)), group=self.side_group)
+        if len({d for d, _ in everyone}) > 1:
+            table = ", ".join(f"rank {r}: {n} tests ({d})" for r, (d, n) in enumerate(everyone))
+            raise pytest.UsageError(
+                "simdist under torchrun: the ranks collected different simdist tests ("
+                f"{table}); start every rank with the same arguments and files"
+            )
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.owns_default_group and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,13 +1,7 @@
-"""Test profiles: which tests run (slow ones or not) and how hard Hypothesis searches.
+"""Test profiles (docs/pytest.md): which tests run and how hard Hypothesis searches.
 
-``--simdist-profile`` (or ``SIMDIST_PROFILE``) picks one name for both:
-
-- ``dev``: a quick local loop; slow tests skipped, few examples.
-- ``ci`` (default): slow tests skipped; derandomised (the same examples on
-  every run, so CI never flakes on a new draw), bounded, no deadline (shared CI
-  machines make timings meaningless).
-- ``nightly``: every test, many examples, fresh randomness.
-
+``ci`` is derandomised (the same examples on every run, so CI never flakes on
+a new draw) with no deadline (shared CI machines make timings meaningless).
 The example database is left at Hypothesis' default in every profile.
 """
 
@@ -22,14 +16,11 @@ PROFILES = ("dev", "ci", "nightly")
 RUNS_SLOW = {"dev": False, "ci": False, "nightly": True}
 FUZZ_WORKER_ENV = "SIMDIST_FUZZ_WORKER"
 _SAVED = pytest.StashKey[str]()
-
-
-def _settings(name: str) -> dict[str, Any]:
-    return {
-        "dev": {"max_examples": 10, "deadline": None},
-        "ci": {"max_examples": 50, "derandomize": True, "deadline": None, "print_blob": True},
-        "nightly": {"max_examples": 1000, "deadline": None, "print_blob": True},
-    }[name]
+_SETTINGS: dict[str, dict[str, Any]] = {
+    "dev": {"max_examples": 10, "deadline": None},
+    "ci": {"max_examples": 50, "derandomize": True, "deadline": None, "print_blob": True},
+    "nightly": {"max_examples": 1000, "deadline": None, "print_blob": True},
+}
 
 
 def load_hypothesis_profile(config: pytest.Config, name: str) -> str | None:
@@ -52,8 +43,8 @@ def load_hypothesis_profile(config: pytest.Config, name: str) -> str | None:
     # Built on Hypothesis' "default" profile, not on whatever is loaded now
     # (register_profile would otherwise inherit from the current default).
     base = settings.get_profile("default")
-    for profile in PROFILES:
-        settings.register_profile(profile, parent=base, **_settings(profile))
+    for profile, values in _SETTINGS.items():
+        settings.register_profile(profile, parent=base, **values)
     # Remember what was in force: a pytest run inside a process (pytester)
     # must not leave its profile to the tests that run after it.
     saved = f"_simdist_before_{id(config)}"

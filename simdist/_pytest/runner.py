@@ -1,8 +1,9 @@
 """Running a marked test's body on every rank, and reporting a failed rank as pytest would.
 
 Three ways to run a body: the simulator (``simdist.run``, in this process),
-a real world of spawned processes (``simdist.run_processes``), or this
-process's rank of a world started by torchrun (``run_torchrun_rank``).
+a real world of spawned processes (``simdist.run_processes``, each finding the
+test by its file: ``load_test``), or this process's rank of a world started by
+torchrun (``run_torchrun_rank``).
 Whatever the way, a failure becomes one ``RankFailed`` whose message names the
 first failing rank, its coordinates and its error, chained to that error (so
 pytest prints the rank's own traceback and assertion introspection first), and
@@ -11,13 +12,17 @@ ranks released by the failure are listed in one line, not as tracebacks.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import logging
 import os
 import pickle
 import re
-from collections.abc import Iterator
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,25 +108,24 @@ def run_sim(item: pytest.Function, world: WorldSpec, options: SpmdOptions, timeo
     except RankError as err:
         if isinstance(err.__cause__, _OUTCOMES):
             raise err.__cause__ from None  # pytest.skip()/xfail() in the body: that is the outcome
-        head, tail = _split_tail(str(err))
-        if tail:
-            add_section(item, "simdist flight recorder", tail)
+        _tail_to_section(item, str(err))
         raise _rank_failed(err, world) from err.__cause__
     except SimulationError as err:
         # Deadlock, mismatch or timeout: the report is the message itself;
         # simdist's own frames would only hide it.
-        head, tail = _split_tail(str(err))
-        if tail:
-            add_section(item, "simdist flight recorder", tail)
-        raise type(err)(head) from None
+        raise type(err)(_tail_to_section(item, str(err))) from None
     finally:
         if trace is not None:
             add_section(item, "simdist trace", f"Chrome/Perfetto trace of every call: {trace}")
 
 
-def _split_tail(message: str) -> tuple[str, str]:
+def _tail_to_section(item: pytest.Item, message: str) -> str:
+    """The message without its flight-recorder tail, which goes to a report section."""
     head, mark, tail = message.partition(_TAIL_MARK)
-    return (head.rstrip(), mark + tail) if mark else (message, "")
+    if not mark:
+        return message
+    add_section(item, "simdist flight recorder", mark + tail)
+    return head.rstrip()
 
 
 def _rank_failed(err: RankError, world: WorldSpec, *, here: int | None = None) -> RankFailed:
@@ -199,12 +203,50 @@ def _target_of(item: pytest.Function) -> tuple[str, str, str, str]:
 
 
 def _remote_call(ctx: Any, target: tuple[str, str, str, str], kwargs: dict[str, Any], seed: int) -> None:
-    from dataclasses import replace
+    load_test(*target)(ctx=replace(ctx, seed=seed), **kwargs)
 
-    from .remote import load_test
 
-    fn = load_test(*target)
-    fn(ctx=replace(ctx, seed=seed), **kwargs)
+# The test module is loaded from its file, with pytest's assertion rewriting
+# when it is available, so a failed ``assert`` in a gloo or NCCL rank explains
+# itself as it would in the simulator. Loading by file (not by pickled
+# reference) works whatever ``sys.path`` the process pool was started with.
+_loaded: dict[str, types.ModuleType] = {}
+
+
+def load_test(module_name: str, path: str, root: str, qualname: str) -> Callable[..., Any]:
+    """The test function ``qualname`` of the module at ``path``, in a rank process of a real world."""
+    module = _loaded.get(path)
+    if module is None:
+        module = _loaded[path] = _load_module(module_name, path, root)
+    obj: Any = module
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        obj = getattr(obj, part)
+        if isinstance(obj, type) and i < len(parts) - 1:
+            obj = obj()  # a test class: pytest makes a fresh instance per test too
+    return obj
+
+
+def _load_module(name: str, path: str, root: str) -> types.ModuleType:
+    # The test module's own imports (helpers beside it) resolve as under pytest's
+    # default "prepend" import mode.
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    with open(path, "rb") as fh:
+        source = fh.read()
+    tree = ast.parse(source, filename=path)
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        rewrite_asserts(tree, source, path, None)
+    except Exception:
+        pass
+    module = types.ModuleType(name)
+    module.__file__ = path
+    module.__package__ = name.rpartition(".")[0]
+    sys.modules[name] = module
+    exec(compile(tree, path, "exec", dont_inherit=True), module.__dict__)
+    return module
 
 
 # ---------------------------------------------------------------- torchrun
@@ -224,7 +266,9 @@ def run_torchrun(
     mine: BaseException | None = None
     try:
         run_torchrun_rank(
-            lambda ctx: fn(ctx=_with_seed(ctx, options.seed), **kwargs), layout=world.layout, backend=backend
+            lambda ctx: fn(ctx=replace(ctx, seed=options.seed), **kwargs),
+            layout=world.layout,
+            backend=backend,
         )
     except Exception as exc:  # reported below, after every rank has said how it went
         mine = exc
@@ -261,9 +305,3 @@ def _outcome_of(exc: BaseException | None) -> tuple[str, str] | None:
     if isinstance(exc, pytest.xfail.Exception):
         return "xfailed", str(exc.msg)
     return "failed", _one_error(exc)
-
-
-def _with_seed(ctx: Any, seed: int) -> Any:
-    from dataclasses import replace
-
-    return replace(ctx, seed=seed)

@@ -9,24 +9,32 @@ memory they cover (``footprint``) with the call's buffers; a clash is an
 it makes a Work (saying whether c10d waits for it at once, ``synchronous``:
 then nothing goes in flight), ``waited`` when a Work in flight is waited,
 ``quietly`` around its own tensor work, and the rank's life calls
-``body_returned`` and ``rank_left``. See docs/sanitizer.md.
+``body_returned`` and ``rank_left``. See docs/sanitizer.md ("How it works").
+
+A call c10d waits for before the program's next line never goes in flight (a
+race needs an op of the rank between issue and wait), so it pays nothing;
+anything not recognised as synchronous is treated as asynchronous, so a
+torch whose c10d changes shape costs time, never a missed race.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TypeVar
 
+import torch.autograd
+import torch.autograd.graph
 from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
+from torch.distributed import distributed_c10d as c10d
 
 from .._core import identity
 from .._core.records import P2POp, PendingCollective
-from .backward import register as register_backward_patch
-from .book import RankBook
-from .group_order import GroupOrder
+from .._isolation import patches
+from .book import GroupOrder, RankBook
 from .mode import here
-from .synchronous import collective as synchronous_collective
-from .synchronous import p2p as synchronous_p2p
 
 __all__ = [
     "body_returned",
@@ -138,6 +146,43 @@ def resync() -> None:
             books[identity.me.rank].sync()
 
 
+def synchronous_collective(opts: Any) -> bool:
+    """Whether a collective's options say c10d waits for it at once: its
+    wrappers set ``asyncOp`` from ``async_op``; C++ callers (DDP's reducer, the
+    functional collectives) pass the default, ``asyncOp=True``."""
+    return opts is not None and getattr(opts, "asyncOp", True) is False
+
+
+def _code(fn: Any) -> Any:
+    return inspect.unwrap(fn).__code__
+
+
+# The two synchronous P2P wrappers (compared by identity: hashing a code
+# object hashes its contents), and the files of the c10d frames that may stand
+# between them and the backend (the wrappers themselves, c10d's logger).
+_SEND, _RECV = _code(c10d.send), _code(c10d.recv)
+_C10D_FILES = frozenset({_code(c10d.isend).co_filename, c10d.send.__code__.co_filename})
+_MAX_C10D_FRAMES = 4
+
+
+def synchronous_p2p(caller: FrameType | None) -> bool:
+    """Whether the backend's send or recv, called from ``caller``, is inside
+    ``dist.send``/``dist.recv`` (which call ``isend``/``irecv`` and wait at
+    once); ``isend`` from the program, ``batch_isend_irecv`` or a pipeline
+    schedule are in flight."""
+    frame = caller
+    for _ in range(_MAX_C10D_FRAMES):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code is _SEND or code is _RECV:
+            return True
+        if code.co_filename not in _C10D_FILES:
+            return False
+        frame = frame.f_back
+    return False
+
+
 def body_returned(world: Any, rank: int, result: Any) -> None:
     books = _books(world)
     if books:
@@ -162,4 +207,42 @@ def helper_ended(world: Any, rank: int) -> None:
         books[rank].unpin()
 
 
-register_backward_patch(resync)
+# Autograd restores a thread's dispatch modes as they were when backward
+# began, taking off a mode a collective inside backward put on: this patch
+# puts it back in step as ``backward()`` / ``autograd.grad()`` return.
+_original: list[Any] = []
+# The wrapper last built, with what it wraps: every run installs the patch
+# again, and building the wrapper (``functools.wraps``) was most of the
+# install. Matched by identity (whatever sits there may not be hashable).
+_built: list[tuple[Any, Callable[..., Any]]] = []
+
+
+def _install_backward_patch() -> None:
+    original = torch.autograd.graph._engine_run_backward
+    _original.append(original)
+    if not _built or _built[0][0] is not original:
+
+        @functools.wraps(original)
+        def run_backward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                resync()
+
+        _built[:] = [(original, run_backward)]
+    torch.autograd.graph._engine_run_backward = _built[0][1]
+    torch.autograd._engine_run_backward = _built[0][1]  # its own import of it
+
+
+def _uninstall_backward_patch() -> None:
+    original = _original.pop()
+    torch.autograd.graph._engine_run_backward = original
+    torch.autograd._engine_run_backward = original  # its own import of it
+
+
+patches.register(
+    "async sanitizer",
+    _install_backward_patch,
+    _uninstall_backward_patch,
+    [(torch.autograd.graph, "_engine_run_backward"), (torch.autograd, "_engine_run_backward")],
+)

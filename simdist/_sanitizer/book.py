@@ -1,21 +1,108 @@
-"""One rank's sanitizer state: its calls in flight and its mode, kept in step."""
+"""One rank's sanitizer state (its calls in flight and its mode, kept in step)
+and the world's record of the order ranks issued calls on two groups in.
+
+The mode goes to the bottom of the thread's dispatch-mode stack: a user's
+mode entered with ``with`` pops whatever is on top when it exits, so the
+sanitizer's own must never be the top one it finds. Below the others it also
+sees the ops they finally run, not the ones they rewrite.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
+from torch._C import _pop_torch_dispatch_stack as _pop
+from torch._C import _push_on_torch_dispatch_stack as _push
 
 from .._core.records import PendingCollective
 from ..errors import AsyncRaceError, UnwaitedWorkWarning
 from .footprint import footprint, overlaps
-from .group_order import GroupOrder
-from .inflight import InFlight
+from .inflight import InFlight, unwaited_message
 from .mode import SanitizerMode, _plain_type, here
-from .report import unwaited_message
-from .stack import on_stack, push_bottom, remove
+
+
+def on_stack(mode: Any) -> bool:
+    return any(_get_dispatch_stack_at(i) is mode for i in range(_len_torch_dispatch_stack()))
+
+
+def push_bottom(mode: Any) -> None:
+    above = []
+    while _len_torch_dispatch_stack():
+        above.append(_pop(None))
+    _push(mode)
+    for other in reversed(above):
+        _push(other)
+
+
+def remove(mode: Any) -> None:
+    """Take ``mode`` off the stack wherever it is (a no-op when absent)."""
+    above = []
+    while _len_torch_dispatch_stack():
+        top = _pop(None)
+        if top is mode:
+            break
+        above.append(top)
+    for other in reversed(above):
+        _push(other)
+
+
+Instance = tuple[str, int]  # (group name, sequence number)
+
+
+class GroupOrder:
+    """NCCL's cross-communicator hazard: async calls on two groups issued in opposite orders.
+
+    Rank 0 issues an async call on group A, then one on B with A still in flight;
+    rank 1, a member of both, issues B's then A's. gloo completes both; on NCCL
+    each communicator's kernel waits on its own stream for every member, and the
+    two ranks' streams can each block on the call the other issued second: a
+    hang. Checked for every pair of groups when the run asks for it
+    (``check_group_order=True``), and always for two groups the program asked for
+    as NCCL (``new_group(backend="nccl")``, ``init_process_group("nccl")``; a
+    device map such as "cpu:gloo,cuda:nccl" only with the option). Holds, for
+    each pair of call instances one rank had in flight together, who issued
+    them in that order.
+    """
+
+    def __init__(self, every_group: bool) -> None:
+        self._every_group = every_group
+        self._lock = threading.Lock()
+        self._before: dict[tuple[Instance, Instance], tuple[int, str, str]] = {}
+
+    def issued(self, rank: int, new: InFlight, in_flight: Iterable[InFlight]) -> None:
+        group = new.waitable.group
+        mine: Instance = (group.name, new.waitable.seq)
+        for old in in_flight:
+            old_group = getattr(old.waitable, "group", None)
+            seq = getattr(old.waitable, "seq", None)
+            if old_group is None or seq is None or old_group.name == group.name:
+                continue
+            if not (self._every_group or (group.nccl and old_group.nccl)):
+                continue
+            theirs: Instance = (old_group.name, seq)
+            with self._lock:
+                other = self._before.get((mine, theirs))
+                if other is not None and other[0] != rank:
+                    raise AsyncRaceError(_message(rank, old, new, other))
+                self._before.setdefault((theirs, mine), (rank, old.describe(), new.describe()))
+
+
+def _message(rank: int, first: InFlight, second: InFlight, other: tuple[int, str, Any]) -> str:
+    peer, peer_first, peer_second = other
+    return (
+        f"rank {rank} issued its {second.describe()} (at {second.site}) while its "
+        f"{first.describe()} (at {first.site}) was in flight, but rank {peer} issued them in the "
+        f"opposite order ({peer_first}, then {peer_second}): on NCCL two communicators' kernels "
+        f"can each wait for the rank that issued the other first, a hang that gloo does not show. "
+        f"Issue collectives on different groups in the same order on every rank, or wait for the "
+        f"first before issuing the second."
+    )
 
 
 class RankBook:
@@ -34,17 +121,15 @@ class RankBook:
     def issued(self, work: Any, waitable: Any, synchronous: bool = False) -> bool:
         """Put the call in flight; False when it need not be (see below)."""
         entries = self.entries
+        entry = InFlight(work, self.rank, waitable)
+        if entries and self.order is not None and isinstance(waitable, PendingCollective):
+            self.order.issued(self.rank, entry, tuple(entries.values()))
         if synchronous and not self.helpers:
             # c10d waits for it before returning to the rank's code, and no
             # other thread of the rank runs: no op can race with it, so it
-            # never goes in flight. It still counts for NCCL's group order
-            # when it is issued with others in flight.
-            if entries and self.order is not None and isinstance(waitable, PendingCollective):
-                self.order.issued(self.rank, InFlight(work, self.rank, waitable), tuple(entries.values()))
+            # never goes in flight (it still counted for NCCL's group order,
+            # above, when issued with others in flight).
             return False
-        entry = InFlight(work, self.rank, waitable)
-        if self.order is not None and entries and isinstance(waitable, PendingCollective):
-            self.order.issued(self.rank, entry, tuple(entries.values()))
         entries[id(work)] = entry
         self.sync()
         return True

@@ -34,6 +34,9 @@ class Footprint:
         return self.hi == self.lo
 
 
+footprint = Footprint  # (the name the sanitizer's modules and tests use)
+
+
 def _covers_its_range(tensor: torch.Tensor) -> bool:
     """Whether the elements tile the address range without a gap: strides, in
     increasing order, each the product of the extents below it (a contiguous
@@ -48,10 +51,6 @@ def _covers_its_range(tensor: torch.Tensor) -> bool:
             return False
         expected *= n
     return True
-
-
-def footprint(tensor: torch.Tensor) -> Footprint:
-    return Footprint(tensor)
 
 
 def overlaps(a: Footprint, b: Footprint) -> bool:

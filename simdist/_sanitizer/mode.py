@@ -18,8 +18,7 @@ from .. import stacks
 from ..errors import AsyncRaceError
 from .accesses import WRITE, accesses
 from .footprint import footprint, overlaps
-from .inflight import IN, InFlight
-from .report import race_message
+from .inflight import IN, InFlight, race_message
 
 # Collectives and their plumbing: simdist checks its own calls' buffers
 # itself, and a wait must go through (it is what ends the race).
@@ -94,22 +93,19 @@ def _fake(types: Any) -> bool:
     return fake is not None and any(issubclass(t, fake) for t in types)
 
 
-def _holds_its_values(tensor: torch.Tensor) -> bool:
-    """Whether the tensor's own storage is its memory: plain tensors and
-    every subclass without a dispatch of its own (``nn.Parameter`` and its
-    subclasses, ``as_subclass`` types). A subclass with one never gets here:
-    the mode hands such ops back, and its inner tensors come back plain."""
-    return _plain_type(type(tensor))
-
-
 def _plain_type(kind: type) -> bool:
+    """Whether a tensor of this type holds its values in its own storage: plain
+    tensors and every subclass without a dispatch of its own (``nn.Parameter``
+    and its subclasses, ``as_subclass`` types). The mode hands the ops of a
+    subclass with one back, and its inner tensors come back plain."""
     return kind in _PLAIN or getattr(kind, "__torch_dispatch__", None) is _NO_DISPATCH
 
 
 def _check(rank: int, entries: Iterable[InFlight], func: Any, args: Any, kwargs: Any) -> None:
     for tensor, access in accesses(func, args, kwargs):
-        if type(tensor) not in _PLAIN and not _holds_its_values(tensor):
-            continue
+        kind = type(tensor)
+        if kind not in _PLAIN and getattr(kind, "__torch_dispatch__", None) is not _NO_DISPATCH:
+            continue  # not _plain_type (inlined: every op with calls in flight comes here)
         mine = None
         for entry in entries:
             for fp, role in entry.buffers:

@@ -20,13 +20,13 @@ every run in a block (``pytest --pdb`` and ``simdist replay --pdb`` use it).
 
 from __future__ import annotations
 
+import traceback
 from types import FrameType
 from typing import Any
 
-from . import _engine, _report
-from ._dump import dump, install_signal_handler
+from . import _report
 from ._options import KNOWN_OPS, BreakAt, Settings, defaults, parse_break_at
-from ._report import Text
+from ._report import Text, dump, innermost_user_frame, install_signal_handler
 from ._session import DebugSession, live_sessions, session_of_thread
 
 __all__ = [
@@ -102,14 +102,10 @@ def frame(rank: int) -> FrameType:
     or where it failed."""
     session = _one("frame")
     _check_rank(session, rank)
-    found = _engine.innermost_user_frame(session.live_frame(rank))
+    found = innermost_user_frame(_report.live_frame(session, rank))
     if found is None and rank in session.failed_tb:
-        tb = session.failed_tb[rank]
-        frames = []
-        while tb is not None:
-            frames.append(tb.tb_frame)
-            tb = tb.tb_next
-        found = next((f for f in reversed(frames) if _engine.innermost_user_frame(f) is f), None)
+        frames = [f for f, _ in traceback.walk_tb(session.failed_tb[rank])]
+        found = next((f for f in reversed(frames) if innermost_user_frame(f) is f), None)
     if found is None:
         raise RuntimeError(f"rank {rank} has no frame of the program (not started, or returned)")
     return found

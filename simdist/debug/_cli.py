@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._options import TRACE_ENV, BreakAt, defaults, parse_break_at
+from ._options import TRACE_ENV, BreakAt, defaults, parse_break_at, set_trace_env
 
 DEFAULT_FUZZ_TRACES = ".simdist/fuzz-traces"
 
@@ -71,11 +71,8 @@ def fuzz_scope(args: argparse.Namespace) -> Iterator[None]:
         return
     os.makedirs(folder, exist_ok=True)
     previous = os.environ.get(TRACE_ENV)
-    os.environ[TRACE_ENV] = os.path.abspath(folder)
+    set_trace_env(os.path.abspath(folder))
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(TRACE_ENV, None)
-        else:
-            os.environ[TRACE_ENV] = previous
+        set_trace_env(previous)

@@ -15,14 +15,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import _dump, _engine, _pdb
+from .._core.records import consequence_origin
+from . import _pdb, _report
 from ._options import Settings, resolve
 from ._session import DebugSession
 
-
-def options(post_mortem: bool | None, break_at: Any, world_size: int) -> Settings:
-    """``run``'s debugging arguments over the defaults, checked before any rank starts."""
-    return resolve(post_mortem, break_at, world_size)
+options = resolve  # run's debugging arguments over the defaults, checked before any rank starts
 
 
 def keep_trace(settings: Settings) -> bool:
@@ -32,9 +30,8 @@ def keep_trace(settings: Settings) -> bool:
 
 def attach(world: Any, settings: Settings, fn: Callable[..., Any]) -> DebugSession:
     _install_signal_handler()
-    session = DebugSession(world, settings)
+    session = DebugSession(world, settings, getattr(fn, "__qualname__", "simdist-run"))
     world.debug = session
-    world.debug_body_name = getattr(fn, "__qualname__", "simdist-run")
     return session
 
 
@@ -49,7 +46,7 @@ def _install_signal_handler() -> None:
     # never over a handler someone else set.
     if _USR1 is not None and threading.current_thread() is threading.main_thread():
         if _getsignal(_USR1) in (signal.SIG_DFL, None):
-            _dump.install_signal_handler()
+            _report.install_signal_handler()
 
 
 def time_left(world: Any, deadline: float) -> float:
@@ -116,13 +113,13 @@ def _debuggable(exc: BaseException, rank: int) -> bool:
         return False
     if type(exc).__module__ == "_pytest.outcomes":  # pytest.skip/xfail/exit/fail's own
         return type(exc).__name__ == "Failed"
-    return _engine.consequence_of_peer(exc, rank) is None
+    return consequence_origin(exc, rank) is None
 
 
 def _first_of_report(world: Any, rank: int, exc: BaseException) -> int:
     """For an error simdist reports world-wide (a deadlock, a mismatch), the
     lowest rank it was recorded for: the first rank of the report."""
-    ranks = [r for r, e in _engine.recorded(world) if type(e) is type(exc) and e.args == exc.args]
+    ranks = [r for r, e in list(world.scheduler.recorded) if type(e) is type(exc) and e.args == exc.args]
     return min(ranks) if ranks else rank
 
 

@@ -107,12 +107,8 @@ def _parse_text(text: str) -> dict[str, Any]:
             raise ValueError(f"break_at: expected KEY=VALUE items such as rank=1,seq=5; got {part!r}")
         key = key.strip()
         raw = raw.strip()
-        out[key] = int(raw) if key in ("rank", "nth", "seq") and _is_int(raw) else raw
+        out[key] = int(raw) if key in ("rank", "nth", "seq") and raw.lstrip("-").isdigit() else raw
     return out
-
-
-def _is_int(text: str) -> bool:
-    return text.lstrip("-").isdigit()
 
 
 def _check(spec: BreakAt, world_size: int | None) -> None:
@@ -184,8 +180,7 @@ def defaults(**changes: Any) -> Iterator[Settings]:
         raise TypeError(f"debug.defaults: unknown setting(s) {', '.join(unknown)}")
     if "break_at" in changes:
         changes["break_at"] = parse_break_at(changes["break_at"])
-    if "post_mortem" in changes and not isinstance(changes["post_mortem"], bool):
-        raise TypeError(f"post_mortem must be True or False, got {changes['post_mortem']!r}")
+    _check_post_mortem(changes.get("post_mortem"))
     settings = replace(current(), stopped={}, **changes)
     with _lock:
         _stack.append(settings)
@@ -212,24 +207,32 @@ def restore_state(saved: tuple[str | None, tuple[Settings, ...]]) -> None:
     """Put back what ``state()`` returned (a test that leaked a change)."""
     env, stack = saved
     with _lock:
-        if env is None:
-            os.environ.pop(TRACE_ENV, None)
-        else:
-            os.environ[TRACE_ENV] = env
+        set_trace_env(env)
         _stack[:] = stack
+
+
+def set_trace_env(folder: str | None) -> None:
+    """Set (None: unset) the environment's failure-trace folder."""
+    if folder is None:
+        os.environ.pop(TRACE_ENV, None)
+    else:
+        os.environ[TRACE_ENV] = folder
+
+
+def _check_post_mortem(post_mortem: Any) -> None:
+    if post_mortem is not None and not isinstance(post_mortem, bool):
+        raise TypeError(f"post_mortem must be True or False, got {post_mortem!r}")
 
 
 def check_debug_options(post_mortem: Any, break_at: Any, world_size: int) -> None:
     """``run``'s ``post_mortem=`` and ``break_at=``, refused with a clear error when wrong."""
-    if post_mortem is not None and not isinstance(post_mortem, bool):
-        raise TypeError(f"post_mortem must be True or False, got {post_mortem!r}")
+    _check_post_mortem(post_mortem)
     parse_break_at(break_at, world_size)
 
 
 def resolve(post_mortem: bool | None, break_at: Any, world_size: int) -> Settings:
     """A run's own arguments over the defaults; validated before any rank starts."""
-    if post_mortem is not None and not isinstance(post_mortem, bool):
-        raise TypeError(f"post_mortem must be True or False, got {post_mortem!r}")
+    _check_post_mortem(post_mortem)
     base = current()
     spec = parse_break_at(break_at, world_size) if break_at is not None else base.break_at
     if spec is not None and spec.rank >= world_size:

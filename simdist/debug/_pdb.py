@@ -18,8 +18,9 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .._isolation import patches
-from . import _engine, _report
-from ._session import DebugSession, around, session_of_thread
+from . import _report
+from ._report import innermost_user_frame
+from ._session import DebugSession, session_of_thread
 
 # Frames a step from a break_at stop never stops in: simdist's and torch's plumbing.
 _SKIP = ["simdist", "simdist.*", "torch", "torch.*", "threading", "contextlib"]
@@ -30,6 +31,7 @@ BANNER = (
     "  simdist commands: ranks (every rank's state), stacks [N], tail [N] (flight record), "
     "rank N (look into rank N's frames; rank alone: back), dump"
 )
+_COMMANDS = ("do_ranks", "do_stacks", "do_tail", "do_dump", "do_rank")
 
 
 class _Commands:
@@ -67,20 +69,15 @@ class _Commands:
         session = self._simdist_session
         if self._simdist_home is None:
             self._simdist_home = (self.stack, self.curindex, self.prompt)
-        if not arg.strip():
-            stack, index, prompt = self._simdist_home
-            _show(self, stack, index, prompt)
-            return
-        rank = _rank_arg(self, arg)
+        rank = _rank_arg(self, arg) if arg.strip() else self._simdist_rank
         if rank is None:
             return
         if rank == self._simdist_rank:
-            stack, index, prompt = self._simdist_home
-            _show(self, stack, index, prompt)
+            _show(self, *self._simdist_home)
             return
         tb = session.failed_tb.get(rank)
-        frame = session.live_frame(rank)
-        if _engine.innermost_user_frame(frame) is not None:
+        frame = _report.live_frame(session, rank)
+        if innermost_user_frame(frame) is not None:
             stack, index = self.get_stack(frame, None)
         elif tb is not None:
             stack, index = self.get_stack(None, tb)
@@ -117,9 +114,9 @@ def _show(p: Any, stack: Any, index: int, prompt: str) -> None:
 def _user_index(stack: list[tuple[FrameType, int]], index: int) -> int:
     """The innermost frame of the user's program at or above ``index``."""
     j = index
-    while j > 0 and _engine.innermost_user_frame(stack[j][0]) is not stack[j][0]:
+    while j > 0 and innermost_user_frame(stack[j][0]) is not stack[j][0]:
         j -= 1
-    return j if _engine.innermost_user_frame(stack[j][0]) is stack[j][0] else index
+    return j if innermost_user_frame(stack[j][0]) is stack[j][0] else index
 
 
 class _Current:
@@ -145,35 +142,18 @@ class RankPdb(_Commands, pdb.Pdb):
         self._simdist_rank = rank  # whose frames the prompt shows
         self._simdist_owner = rank if owner is None else owner  # whose thread runs it
         self._simdist_home = None
-        self.stepping = False
         self.prompt = session.prompt_for(rank)
 
     def get_stack(self, f: FrameType | None, t: TracebackType | None) -> tuple[Any, int]:
         stack, index = super().get_stack(f, t)
         return stack, _user_index(stack, index)
 
-    def _stepped(self, name: str, arg: str) -> Any:
-        self.stepping = True
-        return getattr(pdb.Pdb, name)(self, arg)
-
-    def do_step(self, arg: str) -> Any:
-        return self._stepped("do_step", arg)
-
-    def do_next(self, arg: str) -> Any:
-        return self._stepped("do_next", arg)
-
-    def do_return(self, arg: str) -> Any:
-        return self._stepped("do_return", arg)
-
-    def do_until(self, arg: str) -> Any:
-        return self._stepped("do_until", arg)
-
-    def do_continue(self, arg: str) -> Any:
-        self.stepping = False
-        return pdb.Pdb.do_continue(self, arg)
-
-    do_s, do_n, do_r, do_unt = do_step, do_next, do_return, do_until
-    do_c = do_cont = do_continue
+    @property
+    def stepping(self) -> bool:
+        """Whether the prompt ended asking for a stop (step, next, return,
+        until): continue sets bdb's "never stop" line number, -1; quit sets
+        ``quitting``."""
+        return not self.quitting and self.stoplineno != -1
 
     def trace_from(self, frame: FrameType) -> None:
         """Keep stepping after a live stop (as ``set_trace`` would), keeping
@@ -211,7 +191,8 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
     # pytest's own Pdb suspends its capture itself; simdist's asks the run's settings.
     ours = isinstance(self, RankPdb)
     try:
-        with around(session.settings) if ours else contextlib.nullcontext(), session.pause(owner):
+        factory = session.settings.around_prompt if ours else None
+        with factory() if factory is not None else contextlib.nullcontext(), session.pause(owner):
             banner = getattr(self, "banner", None)
             if ours and banner is not None:
                 self.message(banner)
@@ -226,20 +207,12 @@ def _interaction(self: pdb.Pdb, frame: FrameType | None, tb: TracebackType | Non
 def _adopt(p: pdb.Pdb, session: DebugSession, rank: int) -> None:
     p._simdist_session = session  # type: ignore[attr-defined]  # simdist's state on the user's Pdb object
     p._simdist_rank = rank  # type: ignore[attr-defined]  # simdist's state on the user's Pdb object
-    for name in ("do_ranks", "do_stacks", "do_tail", "do_dump", "do_rank"):
+    for name in _COMMANDS:
         setattr(p, name, types.MethodType(getattr(_Commands, name), p))
 
 
 def _unadopt(p: pdb.Pdb) -> None:
-    for name in (
-        "_simdist_session",
-        "_simdist_rank",
-        "do_ranks",
-        "do_stacks",
-        "do_tail",
-        "do_dump",
-        "do_rank",
-    ):
+    for name in ("_simdist_session", "_simdist_rank", *_COMMANDS):
         p.__dict__.pop(name, None)
 
 
@@ -268,7 +241,7 @@ def post_mortem(session: DebugSession, rank: int, exc: BaseException, shown: int
     Returns "quit" or "continued"."""
     frame = None
     if shown != rank:
-        frame = _engine.innermost_user_frame(session.live_frame(shown))
+        frame = innermost_user_frame(_report.live_frame(session, shown))
         if frame is None:
             shown = rank
     p = RankPdb(session, shown, owner=rank)
@@ -289,7 +262,7 @@ def post_mortem(session: DebugSession, rank: int, exc: BaseException, shown: int
 
 def break_here(session: DebugSession, rank: int, what: str) -> None:
     """Stop ``rank`` just before the call ``what``, in the user's frame that makes it."""
-    frame = _engine.innermost_user_frame(sys._getframe(2))
+    frame = innermost_user_frame(sys._getframe(2))
     p = RankPdb(session, rank)
     p.banner = (
         f"simdist break_at: rank {rank} ({session.world.describe_rank(rank)}) stops just before "

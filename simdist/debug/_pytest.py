@@ -1,17 +1,11 @@
-"""pytest's side of debugging: ``--pdb`` into the failing rank, traces of failed tests, named stacks.
+"""pytest's side of debugging (docs/debugging.md): ``--pdb`` into the failing
+rank (pytest's own post-mortem, in pluggy's frames, skipped for that test),
+``--simdist-trace-on-failure``, and every live run's stacks next to
+faulthandler's dump, which names threads only by id.
 
-- ``pytest --pdb``: a rank that fails in a marked test or in a ``simdist.run``
-  called by a test opens the debugger in its own frame (pytest's own
-  post-mortem, in pluggy's frames, is then skipped for that test); ``q``
-  ends the session as pytest's quit does.
-- ``--simdist-trace-on-failure DIR``: the Perfetto trace of a failed test's
-  last failing run, as ``DIR/<test id>-<hash>.json`` (the id made safe for a
-  file name, then 8 hex digits of the exact id: ids that read alike, such as
-  ``[a/b]`` and ``[a_b]``, never share a file; under Hypothesis, the shrunk
-  example, which it runs last); passing tests leave nothing.
-- ``faulthandler_timeout``: next to faulthandler's dump, which names threads
-  only by id, every live run's ranks and helpers with coordinates and thread names.
-- ``@pytest.mark.simdist(break_at={...})`` is a run option (``RunOptions``): the marked test stops there.
+A trace is ``DIR/<test id>-<hash>.json``: the id made safe for a file name,
+then 8 hex digits of the exact id, so ids that read alike (``[a/b]``,
+``[a_b]``) never share a file.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from . import _dump
+from . import _report
 from ._options import TRACE_ENV, defaults
 
 _TRACES = pytest.StashKey[list[str]]()
@@ -64,11 +58,11 @@ class DebugPlugin:
         self.stream: Any = None
         with contextlib.suppress(OSError, ValueError, AttributeError):
             self.stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
-            _dump.set_stream(self.stream)
+            _report.set_stream(self.stream)
         self._swapped = False
 
     def pytest_unconfigure(self) -> None:
-        _dump.set_stream(None)
+        _report.set_stream(None)
         if self.stream is not None:
             with contextlib.suppress(OSError):
                 self.stream.close()
@@ -127,7 +121,7 @@ class DebugPlugin:
         timeout = _faulthandler_timeout(self.config)
         if timeout <= 0 or self.stream is None:
             return (yield)
-        timer = threading.Timer(timeout, _dump.dump, kwargs={"file": self.stream})
+        timer = threading.Timer(timeout, _report.dump, kwargs={"file": self.stream})
         timer.name = "simdist-faulthandler-companion"
         timer.daemon = True
         timer.start()

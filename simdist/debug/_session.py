@@ -13,15 +13,13 @@ import contextlib
 import itertools
 import os
 import re
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
+from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
-from . import _engine
 from ._options import Settings
 
 # How often a paused world's watchdog, and a rank waiting at the door, look again.
@@ -35,15 +33,15 @@ _names = itertools.count(1)
 class DebugSession:
     """Attached to a world as ``world.debug`` for the whole run."""
 
-    def __init__(self, world: Any, settings: Settings) -> None:
+    def __init__(self, world: Any, settings: Settings, body_name: str = "simdist-run") -> None:
         # Weakly: the world holds its session (world.debug), and a run leaves no cycle.
         self._world = weakref.ref(world)
         self.settings = settings
+        self.body_name = body_name  # names a failure trace outside pytest
         self.name = f"run #{next(_names)}"
         self._cond = threading.Condition()
         self._open = 0  # debugger prompts open now
         self._since = 0.0
-        self.paused_s = 0.0  # total time the world was paused
         self.prompts: dict[int, int] = {}  # thread ident -> the rank whose prompt it shows
         self.post_mortem_done = False
         self.break_seen = 0  # calls that matched break_at so far
@@ -88,10 +86,8 @@ class DebugSession:
                 else:
                     self.prompts[me] = outer
                 if self._open == 0:
-                    spent = time.monotonic() - self._since
-                    self.paused_s += spent
                     # The watchdog and a rank's helper grace read the deadline.
-                    self.world.deadline += spent
+                    self.world.deadline += time.monotonic() - self._since
                     self._cond.notify_all()
 
     def time_left(self) -> float:
@@ -116,10 +112,6 @@ class DebugSession:
         label = where if where.startswith("rank ") else f"rank {rank}: {where}"
         return f"(Pdb {label}) "
 
-    def live_frame(self, rank: int) -> FrameType | None:
-        view = _engine.rank_views(self.world)[rank]
-        return _engine.frame_of(view.thread_id)
-
     # -- traces of failing runs -------------------------------------------
 
     def write_failure_trace(self) -> str | None:
@@ -127,9 +119,9 @@ class DebugSession:
         if folder is None:
             return None
         os.makedirs(folder, exist_ok=True)
-        stem = self.settings.trace_name or f"{_body_name(self.world)}-{os.getpid()}"
+        stem = self.settings.trace_name or f"{self.body_name}-{os.getpid()}"
         path = os.path.join(folder, re.sub(r"[^\w.-]+", "_", stem)[:120] + ".json")
-        _engine.write_trace(self.world, path)
+        self.world.recorder.write_chrome_trace(path, self.world.describe_rank)
         if self.settings.on_trace is not None:
             self.settings.on_trace(path)
         return path
@@ -139,10 +131,6 @@ class DebugSession:
         self.failed_tb.clear()  # frames (and their tensors) need not outlive the run
         with _live_lock:
             _live.discard(self)
-
-
-def _body_name(world: Any) -> str:
-    return str(getattr(world, "debug_body_name", "simdist-run"))
 
 
 def live_sessions() -> list[DebugSession]:
@@ -167,12 +155,3 @@ def session_of_thread() -> tuple[DebugSession | None, int]:
         if me in s.prompts:
             return s, s.prompts[me]
     return None, -1
-
-
-def around(settings: Settings) -> contextlib.AbstractContextManager[Any]:
-    factory: Callable[[], contextlib.AbstractContextManager[Any]] | None = settings.around_prompt
-    return factory() if factory is not None else contextlib.nullcontext()
-
-
-def stdout() -> Any:
-    return sys.stdout

@@ -20,11 +20,11 @@ Why the machinery looks the way it does:
   the world, so a wrong program never hangs the caller.
 
 ``parent`` is the caller's side (checks, start, wait, collect), ``child`` a
-rank process's, ``outcome`` what passes between them, ``torchrun`` the case
-where this process is already one rank.
+rank process's and what it leaves behind, ``torchrun`` the case where this
+process is already one rank.
 """
 
-from .outcome import RemoteTraceback
+from .child import RemoteTraceback
 from .parent import run_processes
 from .torchrun import run_torchrun_rank, under_torchrun
 

@@ -1,12 +1,15 @@
-"""The child side of ``run_processes``: one rank process, from its start to its outcome file."""
+"""The child side of ``run_processes``: one rank process, from its start to its
+outcome file, and what that file holds (the parent reads it)."""
 
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import pickle
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,7 +17,58 @@ import torch.distributed as dist
 
 from ..context import RankContext, build_groups
 from ..layout import Layout
-from .outcome import _Outcome, loads, outcome_path
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's traceback text; set as ``__cause__`` of its exception.
+
+    Printing the chained exception then shows where, in the rank's process,
+    the error was raised.
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
+
+
+class RemoteError(Exception):
+    """Stands in for a rank's exception that could not be pickled back."""
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one rank left behind in its outcome file."""
+
+    ok: bool
+    value: Any = None  # the result when ok
+    error: BaseException | None = None
+    type_name: str = ""
+    message: str = ""
+    traceback_text: str = ""
+    at: float = 0.0  # time.time() when the error was caught
+    # A transport error (connection closed, backend timeout) after a peer had
+    # already failed is a consequence of that failure, not a cause.
+    is_transport_error: bool = False
+
+
+def outcome_path(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"outcome-{rank}.pkl")
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle as ``torch.save`` does: tensors sharing a storage (a view and its
+    base) still share one after loading, as in each rank's deep copy of
+    ``simdist.run``'s arguments; plain pickle gives each its own storage."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer, pickle_protocol=5)
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def worker_main(
@@ -58,7 +112,7 @@ def worker_main(
         # in gloo's connection set-up, and that peer would fail too.
         dist.barrier()
         value = _to_cpu(fn(ctx, *args, **kwargs))
-        _write_outcome(outcome_file, _ok_outcome(rank, value))
+        _write_outcome(outcome_file, _Outcome(ok=True, value=value), rank)
     except BaseException as exc:
         _write_outcome(outcome_file, _error_outcome(exc))
         # Leave at once: our sockets closing is what tells peers blocked in a
@@ -92,18 +146,6 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_cpu(v) for k, v in value.items()}
     return value
-
-
-def _ok_outcome(rank: int, value: Any) -> _Outcome:
-    outcome = _Outcome(ok=True, value=value)
-    try:
-        pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise TypeError(
-            f"rank {rank}'s result must be picklable to return it to the caller, "
-            f"got {type(value).__name__} ({type(exc).__name__}: {exc})"
-        ) from exc
-    return outcome
 
 
 def _error_outcome(exc: BaseException) -> _Outcome:
@@ -143,10 +185,15 @@ def _is_transport_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(p in text for p in _TRANSPORT_PHRASES)
 
 
-def _write_outcome(path: str, outcome: _Outcome) -> None:
+def _write_outcome(path: str, outcome: _Outcome, rank: int = -1) -> None:
     try:
         data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
+        if outcome.ok:  # the body's result: its rank fails, saying why
+            raise TypeError(
+                f"rank {rank}'s result must be picklable to return it to the caller, "
+                f"got {type(outcome.value).__name__} ({type(exc).__name__}: {exc})"
+            ) from exc
         data = pickle.dumps(
             _Outcome(
                 ok=False,

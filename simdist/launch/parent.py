@@ -20,7 +20,7 @@ from .._run.options import RunOptions
 from ..errors import RankError, SimulationTimeout
 from ..layout import Layout
 from . import child
-from .outcome import RemoteError, RemoteTraceback, _Outcome, dumps, outcome_path
+from .child import RemoteError, RemoteTraceback, _Outcome, dumps, outcome_path
 
 # After the first rank fails, how long its peers may take to report their own
 # (possibly independent) failures before the rest of the world is killed.
@@ -210,7 +210,7 @@ def _collect(
     killed: list[int],
     timed_out: bool,
     timeout: float,
-    exited_at: dict[int, float] | None = None,
+    exited_at: dict[int, float],
 ) -> list[Any]:
     """Results, or one error that names the rank that went down first.
 
@@ -220,7 +220,6 @@ def _collect(
     """
     if all(o is not None and o.ok for o in outcomes.values()):
         return [outcomes[rank].value for rank in sorted(outcomes)]  # type: ignore[union-attr]  # checked not None just above
-    exited_at = exited_at or {}
     errors = {rank: o for rank, o in outcomes.items() if o is not None and not o.ok}
     # Ranks that exited without an outcome and were not killed by us crashed
     # (segfault, os._exit, out of memory): that is a failure of their own.

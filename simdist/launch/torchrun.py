@@ -41,8 +41,8 @@ def run_torchrun_rank(
     world_size = int(os.environ["WORLD_SIZE"])
     if layout is not None:
         resolve_world(layout, None)  # a Layout, or run's TypeError
-    if layout is not None and layout.world_size != world_size:
-        raise ValueError(f"{layout} has world size {layout.world_size}, torchrun started {world_size}")
+        if layout.world_size != world_size:
+            raise ValueError(f"{layout} has world size {layout.world_size}, torchrun started {world_size}")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
