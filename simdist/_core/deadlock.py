@@ -57,27 +57,7 @@ class Detector:
         self.timed: Timed = {}
 
     def report_locked(self, headline: str) -> str:
-        """``headline``, then each rank's line (and its helpers'): its state, or
-        the call it waits in and its user stack; then the unmatched
-        point-to-point operations."""
-        slots = self._slots
-        frames = current_frames()
-        lines = [headline]
-        for rank, slot in enumerate(slots.ranks):
-            where = self._describe_rank(rank)
-            wait = wait_text(slots, rank)
-            if wait is not None:
-                lines.append(f"  rank {rank} ({where}): {wait}")
-                frame = frames.get(slot.thread_id) if slot.thread_id is not None else None
-                lines.extend("      " + s for s in stacks.user_stack(frame))
-            else:
-                lines.append(f"  rank {rank} ({where}): {slot.state.value}")
-            lines.extend(helper_lines_locked(slots, rank, frames))
-        unmatched = self._p2p.leftovers(indent="    ")
-        if unmatched:
-            lines.append("  unmatched point-to-point operations:")
-            lines.extend(unmatched)
-        return "\n".join(lines)
+        return report_text_locked(self._slots, self._p2p, self._describe_rank, headline)
 
     # -- finding the stuck ranks ------------------------------------------------
 
@@ -385,3 +365,28 @@ def helper_lines_locked(slots: Slots, rank: int, frames: dict[int, FrameType]) -
             frame = frames.get(helper.thread_id) if helper.thread_id is not None else None
             lines.extend("        " + s for s in stacks.user_stack(frame))
     return lines
+
+
+def report_text_locked(
+    slots: Slots, p2p: P2PTable, describe_rank: Callable[[int], str], headline: str
+) -> str:
+    """``headline``, then each rank's line (and its helpers'): its state, or
+    the call it waits in and its user stack; then the unmatched
+    point-to-point operations."""
+    frames = current_frames()
+    lines = [headline]
+    for rank, slot in enumerate(slots.ranks):
+        where = describe_rank(rank)
+        wait = wait_text(slots, rank)
+        if wait is not None:
+            lines.append(f"  rank {rank} ({where}): {wait}")
+            frame = frames.get(slot.thread_id) if slot.thread_id is not None else None
+            lines.extend("      " + s for s in stacks.user_stack(frame))
+        else:
+            lines.append(f"  rank {rank} ({where}): {slot.state.value}")
+        lines.extend(helper_lines_locked(slots, rank, frames))
+    unmatched = p2p.leftovers(indent="    ")
+    if unmatched:
+        lines.append("  unmatched point-to-point operations:")
+        lines.extend(unmatched)
+    return "\n".join(lines)

@@ -253,7 +253,7 @@ class _Worker:
 
 def _keep_dump_signal_for_the_main_thread() -> None:
     """Block SIGUSR1 in this rank thread and the threads it starts, so the
-    stack dump (``debug._dump``) comes while a run is stuck
+    stack dump (``debug._report``) comes while a run is stuck
     (docs/threads-and-exits.md, "SIGUSR1 while a run is stuck")."""
     usr1 = getattr(signal, "SIGUSR1", None)
     if usr1 is not None and hasattr(signal, "pthread_sigmask"):

@@ -8,7 +8,7 @@ and ``c10d_imports``; it stays until the last rank thread has left, even
 after the last run returned), ``ddp logging`` (``_backend.ddp_logging``),
 ``prefix store`` (``simdist.store``), ``debugger`` (``debug._pdb``),
 ``helper threads`` (``helpers``), ``profiler`` (``profiler``), ``async
-sanitizer`` (``_sanitizer.backward``) and ``cuda emulation``
+sanitizer`` (``_sanitizer``'s backward patch) and ``cuda emulation``
 (``_cuda.patch``; only runs with ``cuda="emulate"`` lease it).
 
 Each patch is installed by the first run that needs it, in ``ORDER``, and
@@ -28,7 +28,7 @@ after runs).
 Not patches, so not here: the process hold of ``hold`` (a record, never a
 lock held across calls: nothing to install or leave behind); per-run state
 swapped at token switches and given back to the caller by ``rank_state``;
-and the SIGUSR1 stack dump (``debug._dump``), a signal handler set once and
+and the SIGUSR1 stack dump (``debug._report``), a signal handler set once and
 only where the process has none, kept on purpose so that a hung process can
 be asked for its stacks at any time.
 """
