@@ -22,9 +22,7 @@ from ..reduction import ReductionModel, make_model
 MARKER = "simdist"
 MARKER_HELP = (
     "simdist(layout=Layout(...) | layouts=[...] | world_size=N, and any simdist.run option: "
-    "reduction=, seed=, faults=, timeout=, trace=, schedule=, schedule_seed=, rank_local=, "
-    "share_args=, device=, flight_records=, attempt=, strict_call_sites=, check_async=, strict_async=, "
-    "check_group_order=, cuda=, cuda_devices=; sim_only=): "
+    f"{', '.join(name + '=' for name in OPTION_NAMES)}; sim_only=): "
     "run the test on every rank of each world; it receives ctx"
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")

@@ -550,3 +550,27 @@ def test_stacks_outside_any_run_says_so():
     with pytest.raises(RuntimeError, match=r"simdist.debug.stacks: no run is in progress"):
         debug.stacks()
     assert simdist.dump is debug.dump
+
+
+def test_every_op_a_trace_records_can_be_a_break_at_op(tmp_path):
+    """break_at's op names are those the trace records: a call simdist records
+    (a sparse all_reduce among them) must not be refused as a typo."""
+    path = tmp_path / "trace.json"
+
+    def body(ctx):
+        dense = torch.ones(2)
+        dist.all_reduce(dense)
+        sparse = torch.sparse_coo_tensor([[ctx.rank]], [1.0], (2,))
+        dist.all_reduce(sparse)
+        dist.barrier()
+        if ctx.rank == 0:
+            dist.send(dense, 1)
+        else:
+            dist.recv(dense, 0)
+
+    simdist.run(body, world_size=2, trace=str(path))
+    ops = {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"}
+    assert {"all_reduce", "barrier", "send", "recv"} <= ops
+    assert len(ops) >= 5, ops  # the sparse all_reduce is recorded under a name of its own
+    for op in sorted(ops):
+        simdist.debug.parse_break_at({"rank": 0, "op": op}, 2)  # raises for an unknown op

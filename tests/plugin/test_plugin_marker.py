@@ -263,3 +263,23 @@ def test_xfails(ctx):
     result.stdout.fnmatch_lines_random(
         ["SKIPPED [[]1[]] *: not on this layout", "XFAIL *test_xfails* - known problem"]
     )
+
+
+def test_the_markers_help_names_every_run_option(pytester: pytest.Pytester) -> None:
+    """``pytest --markers`` lists every keyword ``simdist.run`` takes (the
+    marker accepts them all), read here from run's own signature."""
+    import inspect
+
+    import simdist
+
+    result = pytester.runpytest("--markers")
+    line = next(ln for ln in result.outlines if ln.startswith("@pytest.mark.simdist("))
+    options = set(inspect.signature(simdist.run).parameters) - {
+        "fn",
+        "layout",
+        "world_size",
+        "args",
+        "kwargs",
+    }
+    missing = sorted(name for name in options if f"{name}=" not in line)
+    assert missing == [], line
