@@ -116,14 +116,13 @@ def _wrap_slot_init(slot_class: Any) -> None:
 
 def instrument() -> None:
     """Wrap what the wake-up, swap and deadlock columns count (before any run)."""
-    from simdist._core import deadlock, latch, slots
+    from simdist._core import deadlock, slots
     from simdist._isolation import hold, rank_state
     from simdist._isolation import slots as state_slots
 
     _wrap(threading.Condition, "notify", "wake.notify")
     _wrap(threading.Condition, "notify_all", "wake.notify_all")
     _wrap(threading.Event, "set", "wake.event_set")
-    _wrap(latch.Latch, "set", "wake.latch_set")
     _wrap(slots.Parker, "unpark", "wake.unpark")
     _wrap(hold, "_wake", "wake.hold")
     _wrap_slot_init(state_slots._Slot)
