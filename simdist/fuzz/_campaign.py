@@ -30,14 +30,10 @@ from typing import IO, Any
 
 from ._corpus import case_environment, write_case
 from ._database import DatabaseSpecError, resolve_database
-from ._events import EventReader, worker_file
-from ._forked import ForkedWorker, fork_available
-from ._hangs import EXIT_HUNG_CASE
-from ._outputs import check_output_paths, display
-from ._project import default_corpus, simdist_settings
-from ._stats import CampaignStats
+from ._forked import STARTUP_LOG, ForkedWorker, fork_available, server_usable, start_server
+from ._project import check_output_paths, default_corpus, display, simdist_settings
+from ._stats import EXIT_HUNG_CASE, CampaignStats, EventReader, worker_file
 from ._summary import junit_xml, progress_line, summary_text
-from ._zygote import STARTUP_LOG, WorkerServer, server_usable
 
 # The --report file's format and version (docs/schemas/fuzz-report-1.json), as a case file has its own.
 REPORT_FORMAT = "simdist-fuzz-report/1"
@@ -142,60 +138,53 @@ def _corpus(cfg: CampaignConfig) -> Path | None:
     return None if cfg.corpus is None else Path(cfg.corpus)
 
 
-def _worker_command(targets: Sequence[str]) -> list[str]:
-    # addopts are cleared: the project's own options (xdist's -n, say) would
-    # fight the worker's run loop.
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
-        *targets,
-        "-p",
-        "simdist.fuzz._worker",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "addopts=",
-        "-q",
-        "--no-header",
-        "--tb=short",
-    ]
+# A worker's pytest options, after the targets. addopts are cleared: the
+# project's own options (xdist's -n, say) would fight the worker's run loop.
+_WORKER_OPTIONS = (
+    "-p",
+    "simdist.fuzz._worker",
+    "-p",
+    "no:cacheprovider",
+    "-o",
+    "addopts=",
+    "-q",
+    "--no-header",
+    "--tb=short",
+)
 
 
-def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> tuple[list, list]:
+def _spawn(cfg: CampaignConfig, run_dir: Path, seed: int, started: float) -> list[Any]:
     procs: list[Any] = []  # Popen, ForkedWorker or ServerWorker: poll, wait, send_signal, kill, returncode
-    logs: list[IO[bytes]] = []
     seeds = random.Random(seed)
     worker_seeds = [seeds.getrandbits(63) for _ in range(cfg.workers)]
     envs = [_worker_env(cfg, run_dir, started, k, worker_seeds[k]) for k in range(cfg.workers)]
-    command = _worker_command(cfg.targets)
+    pytest_args = [*cfg.targets, *_WORKER_OPTIONS]
     if fork_available() and server_usable(envs[0]):
-        # One collection for every worker (see _zygote); each worker log is
+        # One collection for every worker (see _forked); each worker log is
         # created now, so a worker that never started still has one.
         for k in range(cfg.workers):
-            (run_dir / f"worker-{k}.log").touch()
-        server = WorkerServer([*command[3:], "--capture=no"], envs[0], worker_seeds, run_dir)
-        return list(server.workers), logs
-    for k in range(cfg.workers):
-        env = envs[k]
-        log = open(run_dir / f"worker-{k}.log", "wb")
-        logs.append(log)
-        if fork_available() and env["OMP_NUM_THREADS"] == "1":
-            # Forked from this process: torch and simdist are imported already.
-            # More threads than one: a fresh process, whose OpenMP pool is its
-            # own (a fork of a process that used its pool hangs; see _zygote).
-            procs.append(ForkedWorker(command[3:], env, log))
-        else:
-            procs.append(
-                subprocess.Popen(
-                    command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            worker_file(run_dir, k, "log").touch()
+        return start_server([*pytest_args, "--capture=no"], envs[0], worker_seeds, run_dir)
+    for k, env in enumerate(envs):
+        # The worker writes into its own copy of the log; this process's is closed at once.
+        with open(worker_file(run_dir, k, "log"), "wb") as log:
+            if fork_available() and env["OMP_NUM_THREADS"] == "1":
+                # Forked from this process: torch and simdist are imported already.
+                # More threads than one: a fresh process, whose OpenMP pool is its
+                # own (a fork of a process that used its pool hangs; see _forked).
+                procs.append(ForkedWorker(pytest_args, env, log))
+            else:
+                command = [sys.executable, "-m", "pytest", *pytest_args]
+                procs.append(
+                    subprocess.Popen(
+                        command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                    )
                 )
-            )
-    return procs, logs
+    return procs
 
 
 def _worker_env(cfg: CampaignConfig, run_dir: Path, started: float, k: int, seed: int) -> dict[str, str]:
-    env = dict(os.environ)
+    env = _selecting_env(cfg)
     env.update(
         {
             "SIMDIST_FUZZ_WORKER": "1",
@@ -205,16 +194,13 @@ def _worker_env(cfg: CampaignConfig, run_dir: Path, started: float, k: int, seed
             # Each worker's search ends `budget` seconds after it is ready.
             "SIMDIST_FUZZ_BUDGET": repr(cfg.budget),
             "SIMDIST_FUZZ_STARTED": repr(started),
-            "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout),
             "SIMDIST_FUZZ_STOP_ON_FAILURE": "1" if cfg.stop_on_failure else "0",
             "SIMDIST_FUZZ_DATABASE": "none" if cfg.database is None else str(cfg.database),
             "PYTHONUNBUFFERED": "1",
-            # Workers (and the worker server) end with this process (see _orphans).
+            # Workers (and the worker server) end with this process (see _forked).
             "SIMDIST_FUZZ_SUPERVISOR": str(os.getpid()),
         }
     )
-    if cfg.max_world_size is not None:
-        env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
     # One intra-op thread per worker, as torchrun gives each rank, unless the
     # user chose: the ranks' tensors are far too small to gain from more,
     # the workers already use the cores, and on a busy machine an OpenMP
@@ -328,7 +314,7 @@ def _database_shown(database: str | None) -> str:
 
 
 def _selecting_env(cfg: CampaignConfig) -> dict[str, str]:
-    """The variables the workers ran under that can select a failure (see _corpus.RECORDED_ENVIRONMENT)."""
+    """The workers' environment without the campaign's plumbing (see _corpus.RECORDED_ENVIRONMENT)."""
     env = {**os.environ, "SIMDIST_FUZZ_CASE_TIMEOUT": repr(cfg.case_timeout)}
     if cfg.max_world_size is not None:
         env["SIMDIST_FUZZ_MAX_WORLD_SIZE"] = str(cfg.max_world_size)
@@ -389,14 +375,12 @@ def run_campaign(cfg: CampaignConfig) -> CampaignResult:
         file=out,
         flush=True,
     )
-    procs, logs = _spawn(cfg, run_dir, seed, started)
+    procs = _spawn(cfg, run_dir, seed, started)
     readers = [EventReader(worker_file(run_dir, k)) for k in range(cfg.workers)]
     stats = CampaignStats()
     try:
         watch = _supervise(cfg, procs, readers, stats, started, run_dir)
     finally:
-        for log in logs:
-            log.close()
         for proc in procs:
             if hasattr(proc, "close"):  # a ServerWorker: reap the worker server too
                 proc.close()
@@ -500,9 +484,9 @@ def _log_tail(run_dir: Path, k: int, lines: int = 25) -> str:
     text = ""
     # A worker that never started (its server failed while collecting) has
     # an empty log: what happened is in the server's.
-    for name in (f"worker-{k}.log", STARTUP_LOG):
+    for path in (worker_file(run_dir, k, "log"), run_dir / STARTUP_LOG):
         try:
-            text = (run_dir / name).read_text(encoding="utf-8", errors="replace")
+            text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
         if text.strip():

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import traceback
+from dataclasses import fields
 from pathlib import Path
 
 from ..debug import _cli as debug_cli
@@ -138,38 +139,23 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:
 
 def fuzz_command(args: argparse.Namespace) -> int:
     with debug_cli.fuzz_scope(args):  # debug hook: --trace-failures, for the campaign's workers
-        return _campaign(args)
-
-
-def _campaign(args: argparse.Namespace) -> int:
-    try:
-        targets = list(args.targets) or default_targets()
-        cfg = CampaignConfig(
-            targets=targets,
-            budget=args.budget,
-            seed=args.seed,
-            workers=args.workers,
-            max_world_size=args.max_world_size,
-            database=args.database,
-            corpus=None if args.no_corpus else ("auto" if args.corpus == "auto" else Path(args.corpus)),
-            report=args.report,
-            junit=args.junit,
-            stop_on_failure=args.stop_on_failure,
-            tags=dict(args.tag),
-            grace=args.grace,
-            case_timeout=args.case_timeout,
-            startup=args.startup,
-        )
-        return run_campaign(cfg).exit_code
-    except UsageError as exc:
-        print(f"simdist fuzz: error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    except KeyboardInterrupt:
-        return ExitCode.INTERRUPTED
-    except Exception:
-        print("simdist fuzz: internal error (a bug in simdist, not in the target):", file=sys.stderr)
-        traceback.print_exc()
-        return ExitCode.CRASHED
+        try:
+            # The options are CampaignConfig's fields under the same names; targets, corpus and tags need more.
+            options = {f.name: getattr(args, f.name) for f in fields(CampaignConfig) if hasattr(args, f.name)}
+            options["targets"] = list(args.targets) or default_targets()
+            corpus = None if args.no_corpus else args.corpus
+            options["corpus"] = corpus if corpus in (None, "auto") else Path(corpus)
+            options["tags"] = dict(args.tag)
+            return run_campaign(CampaignConfig(**options)).exit_code
+        except UsageError as exc:
+            print(f"simdist fuzz: error: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        except KeyboardInterrupt:
+            return ExitCode.INTERRUPTED
+        except Exception:
+            print("simdist fuzz: internal error (a bug in simdist, not in the target):", file=sys.stderr)
+            traceback.print_exc()
+            return ExitCode.CRASHED
 
 
 def _expand(paths: list[Path]) -> list[Path]:

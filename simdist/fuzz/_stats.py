@@ -1,17 +1,70 @@
-"""What a campaign has seen so far: cases, coverage, failures.
+"""The workers' events, and what a campaign has seen in them so far: cases, coverage, failures.
 
-Built only from the workers' events, so the live progress line, the final
-summary and the JSON report all say the same thing.
+The wire format is one JSON object a line, one file per worker. Workers
+append; the campaign tails the files. Files (not pipes) keep a worker's record
+intact when the campaign is interrupted, and make a run directory something a
+person can read afterwards. ``CampaignStats`` is built only from the events,
+so the live progress line, the final summary and the JSON report all say the
+same thing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
 
-__all__ = ["CampaignStats", "Failure"]
+__all__ = ["EXIT_HUNG_CASE", "CampaignStats", "EventReader", "EventWriter", "Failure", "worker_file"]
+
+# A worker that ended itself at a case past its deadline (a failure it has
+# already reported): not a crash.
+EXIT_HUNG_CASE = 75
+
+
+def worker_file(run_dir: Path, index: int, suffix: str = "jsonl") -> Path:
+    """A worker's file in the run folder: its events (.jsonl), log, pid or exit status."""
+    return run_dir / f"worker-{index}.{suffix}"
+
+
+class EventWriter:
+    def __init__(self, path: Path) -> None:
+        self._file: TextIO = open(path, "a", encoding="utf-8")
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        fields["e"] = kind
+        self._file.write(json.dumps(fields, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class EventReader:
+    """Reads whole lines appended since the last call (a half-written line waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read_new(self) -> Iterator[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
 
 # Features whose values, joined, name a rank layout.
 _LAYOUT_AXES = ("tp", "cp", "dp", "pp")
@@ -25,7 +78,7 @@ class Failure:
     case: dict[str, Any] | None
     replayable: bool
     seed: int | None
-    found_after: float
+    found_after_s: float
     worker: int
     report: str
     shrunk: bool = True
@@ -125,6 +178,7 @@ class CampaignStats:
             self.first_failing_case_at[prop] = float(event.get("t", 0.0))
             self.cases_before_first_failure[prop] = self.cases_by_property[prop] - 1
         axes: dict[str, str] = {}
+        world = None  # its ``world`` feature, else the product of its layout axes
         for name, value in event.get("f", {}).items():
             if name.startswith("target:"):
                 label = name[len("target:") :] or "target"
@@ -137,9 +191,12 @@ class CampaignStats:
             self.features[key][val] += 1
             if key in _LAYOUT_AXES:
                 axes[key] = val
+            elif key == "world" and world is None and val.isdigit():
+                world = int(val)
         if axes:
             self.layouts.add("-".join(f"{a}{axes[a]}" for a in _LAYOUT_AXES if a in axes))
-        world = _world_size(event.get("f", {}), axes)
+        if world is None and axes and all(v.isdigit() for v in axes.values()):
+            world = math.prod(int(v) for v in axes.values())
         if world is not None:
             self.world_sizes[world] += 1
 
@@ -151,7 +208,7 @@ class CampaignStats:
             case=event.get("case"),
             replayable=bool(event.get("replayable")),
             seed=event.get("seed"),
-            found_after=float(event.get("t", 0.0)),
+            found_after_s=float(event.get("t", 0.0)),
             worker=worker,
             report=event.get("report", ""),
             shrunk=bool(event.get("shrunk", True)),
@@ -163,7 +220,7 @@ class CampaignStats:
         for i, known in enumerate(self.failures):
             if (known.property, known.error_type) == (failure.property, failure.error_type):
                 if _size(failure.case) < _size(known.case):
-                    failure.found_after = min(failure.found_after, known.found_after)
+                    failure.found_after_s = min(failure.found_after_s, known.found_after_s)
                     self.failures[i] = failure
                 return
         self.failures.append(failure)
@@ -189,38 +246,13 @@ class CampaignStats:
             "cases_with_unfired_fault_plans": dict(self.unfired_plans),
             "failures": [
                 {
-                    "property": f.property,
-                    "error_type": f.error_type,
-                    "error": f.error,
-                    "case": f.case,
-                    "replayable": f.replayable,
-                    "seed": f.seed,
-                    "found_after_s": f.found_after,
+                    **asdict(f),
                     "first_failing_case_after_s": self.first_failing_case_at.get(f.property),
                     "cases_before_first_failure": self.cases_before_first_failure.get(f.property),
-                    "worker": f.worker,
-                    "shrunk": f.shrunk,
-                    "file": f.file,
-                    "report": f.report,
                 }
                 for f in self.failures
             ],
         }
-
-
-def _world_size(features: dict[str, Any], axes: dict[str, str]) -> int | None:
-    """A case's world size: its ``world`` feature, else the product of its layout axes."""
-    for name, value in features.items():
-        key, sep, val = name.partition("=")
-        raw = val if sep else value
-        if key == "world" and str(raw).isdigit():
-            return int(raw)
-    if axes and all(v.isdigit() for v in axes.values()):
-        size = 1
-        for v in axes.values():
-            size *= int(v)
-        return size
-    return None
 
 
 def _size(case: dict[str, Any] | None) -> tuple[int, str]:

@@ -27,16 +27,14 @@ _ORDER = (
 )
 
 
-# Why workers stopped, as the summary explains it.
+# Why workers stopped, as the summary explains it (any other reason as the worker gave it).
 _REASONS = {
-    "budget spent": "budget spent",
     "every property failed": (
         "every property failed: a failing property is not fuzzed further (fix it, or name "
         "the others as targets, to search on)"
     ),
     "stopped at the first failure": "stopped at the first failure (-x)",
     "stopped": "stopped (by a peer's -x, or the campaign)",
-    "no properties": "no properties",
 }
 
 
@@ -182,7 +180,7 @@ def _failure_lines(stats: CampaignStats) -> list[str]:
         when = f"first failing case after {first:.1f} s, " if first is not None else ""
         lines.append(f"  {i}. {f.property}")
         lines.append(f"     {f.error_type}: {_first_lines(f.error, 6)}")
-        lines.append(f"     ({when}reported after {f.found_after:.1f} s, worker {f.worker})")
+        lines.append(f"     ({when}reported after {f.found_after_s:.1f} s, worker {f.worker})")
         if f.case is not None:
             label = "shrunk case" if f.shrunk else "case (stopped before shrinking finished)"
             lines.append(f"     {label}: {json.dumps(f.case, sort_keys=True)}")

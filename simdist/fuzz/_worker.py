@@ -8,6 +8,13 @@ Hypothesis property again and again, each round with a fresh seed and a slice
 of examples sized to the time left, until the wall-clock deadline. Every test
 case is streamed to the campaign (through Hypothesis' observability hook) and
 every failure is written with its shrunk case.
+
+Guards against a target that never returns or leaves threads behind: a case
+that runs past its deadline cannot be stopped from Python (it may be blocked
+in C), so ``CaseDeadline`` reports it as a failure, with the case and the
+stuck stack, and ends the worker process (``EXIT_HUNG_CASE``): the campaign
+then counts a failure, never a clean run. Threads a property's round started
+and left running are reported once per property.
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +34,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from .._core.frames import current_frames
+from ..faults import on_unfired
 from ._database import GuardedDatabase, resolve_database
-from ._events import EventWriter, worker_file
-from ._hangs import EXIT_HUNG_CASE, CaseDeadline, exit_now, leaked_threads, main_thread_stack
-from ._orphans import kill_when_parent_dies
+from ._forked import ENV_WORKERS, fork_workers, kill_when_parent_dies
 from ._property import clear_failures, in_flight_case, last_failure, spec_of, telling_interrupts_apart
-from ._unfired import UnfiredPlans
-from ._zygote import ENV_WORKERS, fork_workers
+from ._stats import EXIT_HUNG_CASE, EventWriter, worker_file
 
 ENV_FLAG = "SIMDIST_FUZZ_WORKER"
 # A round of one property aims at this many seconds, so the deadline is
@@ -65,6 +74,36 @@ class _PropertyState:
         return int(min(_MAX_EXAMPLES, 4 * self.last_examples, max(_MIN_EXAMPLES, wanted)))
 
 
+class CaseDeadline:
+    """Calls ``on_hang(seconds)`` once when no case finished for ``seconds`` during a round."""
+
+    def __init__(self, seconds: float, on_hang: Callable[[float], None]) -> None:
+        self.seconds = seconds
+        self._on_hang = on_hang
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self.thread = threading.Thread(target=self._watch, name="simdist-fuzz-case-deadline", daemon=True)
+        self.thread.start()
+
+    def progress(self) -> None:
+        """A round started or a case finished: the clock restarts."""
+        with self._lock:
+            self._since = time.monotonic()
+
+    def idle(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(0.2, self.seconds / 4))
+            with self._lock:
+                since = self._since
+            if since is not None and time.monotonic() - since > self.seconds:
+                self._on_hang(self.seconds)
+                return
+
+
 @dataclass
 class _Worker:
     run_dir: Path
@@ -82,7 +121,10 @@ class _Worker:
     current_cases: int = 0
     current_failing: int = 0  # failing cases seen in this round (a shrink is under way)
     guard: CaseDeadline | None = None
-    unfired: UnfiredPlans | None = None
+    # A run of the case in hand had a FaultPlan with rules, none of which
+    # fired (``simdist.run`` warns; the summary counts such cases).
+    unfired: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
     leaked: set[str] = field(default_factory=set)
     environment_failed: bool = False  # the example database raised: no round can be trusted
     call_failed: dict[str, str] = field(default_factory=dict)
@@ -92,11 +134,6 @@ class _Worker:
 
 
 _worker: _Worker | None = None
-
-
-def _guarded(spec: str | None) -> Any:
-    database = resolve_database(spec)
-    return None if database is None else GuardedDatabase(database, str(spec))
 
 
 def _marker(run_dir: Path, nodeid: str) -> Path:
@@ -109,13 +146,15 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("simdist.fuzz._worker is started by `simdist fuzz`, not by hand")
     env = os.environ
     run_dir = Path(env["SIMDIST_FUZZ_RUN_DIR"])
-    # A worker server (see _zygote) collects for every worker, then forks
+    # A worker server (see _forked) collects for every worker, then forks
     # them: each gets its index, seed and event stream there.
     serving = bool(env.get(ENV_WORKERS))
     index = 0 if serving else int(env["SIMDIST_FUZZ_INDEX"])
     supervisor = int(env.get("SIMDIST_FUZZ_SUPERVISOR", "0"))
     if supervisor:
         kill_when_parent_dies(supervisor)  # a worker (or the server) ends with its campaign
+    spec = env.get("SIMDIST_FUZZ_DATABASE")
+    database = resolve_database(spec)
     _worker = _Worker(
         run_dir=run_dir,
         index=index,
@@ -124,7 +163,7 @@ def pytest_configure(config: pytest.Config) -> None:
         started=float(env["SIMDIST_FUZZ_STARTED"]),
         case_timeout=float(env.get("SIMDIST_FUZZ_CASE_TIMEOUT", "300")),
         stop_on_failure=env.get("SIMDIST_FUZZ_STOP_ON_FAILURE") == "1",
-        database=_guarded(env.get("SIMDIST_FUZZ_DATABASE")),
+        database=None if database is None else GuardedDatabase(database, str(spec)),
         events=EventWriter(worker_file(run_dir, index)),
     )
     # Before collection, so properties decorated with their own @settings
@@ -138,7 +177,7 @@ def pytest_configure(config: pytest.Config) -> None:
         print_blob=False,
     )
     settings.load_profile("simdist-fuzz")
-    _worker.unfired = UnfiredPlans()
+    on_unfired(_unfired_run)
     try:
         from hypothesis.internal import observability
     except ImportError:  # an older Hypothesis: no per-case stream, rounds still count
@@ -149,6 +188,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
         observability.OBSERVABILITY_COLLECT_COVERAGE = False
     observability.add_observability_callback(_observe)
+
+
+def _unfired_run(state: Any) -> None:
+    if _worker is not None:
+        with _worker.lock:
+            _worker.unfired = True
 
 
 def _observe(observation: Any) -> None:
@@ -163,7 +208,8 @@ def _observe(observation: Any) -> None:
     features = {
         str(k): (v if isinstance(v, (int, float)) else str(v)) for k, v in observation.features.items()
     }
-    unfired = w.unfired is not None and w.unfired.case_done()
+    with w.lock:
+        unfired, w.unfired = w.unfired, False
     w.events.emit(
         "case",
         p=w.current,
@@ -234,38 +280,25 @@ def pytest_runtestloop(session: pytest.Session) -> bool:
 def _search(w: _Worker, props: list[_PropertyState], items: dict[str, pytest.Item]) -> str:
     """Rounds over the properties until the budget is spent; why it ended."""
     rng = random.Random(w.seed)
-    reason = "budget spent"
+    stop_file = w.run_dir / "stop"
     while True:
         live = [p for p in props if not p.failed and not _marker(w.run_dir, p.nodeid).exists()]
         if not live:
-            reason = "every property failed"
-            break
-        if (w.run_dir / "stop").exists():
-            reason = "stopped"
-            break
-        stop = False
+            return "every property failed"
+        if stop_file.exists():
+            return "stopped"
         for prop in live:
             left = w.deadline - time.time()
             # Every property gets one round however short the budget, so a
             # campaign whose workers started slowly still checks something.
-            if (left <= 0 and prop.rounds > 0) or (w.run_dir / "stop").exists():
-                stop = True
-                break
+            if (left <= 0 and prop.rounds > 0) or stop_file.exists():
+                return "stopped" if stop_file.exists() and time.time() < w.deadline else "budget spent"
             _run_round(w, prop, items[prop.nodeid], rng, left, len(live))
             if w.environment_failed:
-                stop = True
-                reason = "the example database failed"
-                break
+                return "the example database failed"
             if prop.failed and w.stop_on_failure:
-                (w.run_dir / "stop").touch()
-                reason = "stopped at the first failure"
-                stop = True
-                break
-        if stop:
-            if reason == "budget spent" and (w.run_dir / "stop").exists() and time.time() < w.deadline:
-                reason = "stopped"
-            break
-    return reason
+                stop_file.touch()
+                return "stopped at the first failure"
 
 
 def _run_round(
@@ -334,11 +367,15 @@ def _run_round(
 
 
 def _report_leaks(w: _Worker, nodeid: str, before: set[int]) -> None:
+    """Threads started since ``before`` still alive after up to half a second, once per property."""
     if nodeid in w.leaked:
         return
-    guard_thread = w.guard.thread if w.guard is not None else None
-    ignore = {guard_thread.ident} if guard_thread is not None and guard_thread.ident is not None else set()
-    names = leaked_threads(before, ignore)
+    assert w.guard is not None
+    limit = time.monotonic() + 0.5
+    new = [t for t in threading.enumerate() if t.ident not in before and t.ident != w.guard.thread.ident]
+    for t in new:
+        t.join(max(0.0, limit - time.monotonic()))
+    names = [f"{t.name}{' (daemon)' if t.daemon else ''}" for t in new if t.is_alive()]
     if names:
         w.leaked.add(nodeid)
         w.events.emit("leak", p=nodeid, threads=names, t=w.elapsed())
@@ -350,6 +387,8 @@ def _on_hang(w: _Worker, seconds: float) -> None:
     if nodeid is None:
         return
     case = in_flight_case(fn) if fn is not None else None
+    frame = current_frames().get(threading.main_thread().ident or -1)
+    stack = "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
     _marker(w.run_dir, nodeid).touch()
     w.events.emit(
         "failure",
@@ -362,11 +401,14 @@ def _on_hang(w: _Worker, seconds: float) -> None:
         case=case,
         error_type="CaseTimeout",
         error=f"a case of {nodeid} was still running after {seconds:g} s (--case-timeout): it may hang",
-        report="the stuck case's stack (main thread):\n" + main_thread_stack(),
+        report="the stuck case's stack (main thread):\n" + stack,
     )
     w.events.emit("hung", p=nodeid, t=w.elapsed())
     w.events.close()
-    exit_now(EXIT_HUNG_CASE)
+    # End the process at once: its main thread is stuck and cannot unwind.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_HUNG_CASE)
 
 
 def _emit_failure(

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-from .._checks import is_int
+from .._checks import check_int, is_int
 from ..faults import CORRUPT_MODES, KINDS, Fault, FaultPlan
 from ..layout import AXES, Layout
 from . import _masks
@@ -200,10 +200,9 @@ def _factorisations(
     # largest world: a third of the draws, and a corner shrinks as an ordinary
     # choice does, by its index, towards smaller worlds (a separate "corner?"
     # draw would not: zeroing it changes what every later draw means).
-    corner_world = max_degree**1
-    corners = tuple(sorted(f for f in by_size[corner_world] if sorted(f)[:-1] == [1] * (n_axes - 1)))
+    corners = tuple(sorted(f for f in by_size[max_degree] if sorted(f)[:-1] == [1] * (n_axes - 1)))
     copies = -(-len(ordinary) // 2)
-    return ordinary + ((corner_world, corners),) * copies
+    return ordinary + ((max_degree, corners),) * copies
 
 
 # The composite strategies are defined once, at module level, and take their
@@ -269,10 +268,6 @@ FUZZ_FAULT_KINDS: tuple[str, ...] = ("crash", "timeout", "abort", "delay")
 # to 256. A token count kept in bfloat16 (on a rank, or in the DP sum) is only
 # wrong past it, so the default strategies draw counts past it too.
 BF16_EXACT_INTEGERS = 256
-# A random row longer than this repeats a drawn pattern of this length; a row
-# of more tokens than this is "long": drawn for its count, mostly (nearly) full
-# (simdist/strategies/_masks.py: the kinds' shares at each length).
-_RANDOM_PATTERN = _masks.PATTERN
 
 
 def sequence_lengths(
@@ -332,17 +327,14 @@ def mask_rows(seq_len: int, *, fractional: bool = True) -> st.SearchStrategy[lis
     row may carry a weight other than 1 (random rows also mix values; past
     32 tokens a random row repeats a drawn 32-token pattern). Shrinks towards
     a fully valid 0/1 row."""
-    if not is_int(seq_len, 1):
-        raise ValueError(f"mask_rows: seq_len must be a positive int, got {seq_len!r}")
+    check_int("seq_len", seq_len, minimum=1, prefix="mask_rows: ")
     return _mask_row(seq_len, fractional)
 
 
 @st.composite
 def _mask_row(draw: st.DrawFn, seq_len: int, fractional: bool) -> list[float]:
     blob = draw(st.binary(min_size=_masks.ROW_BYTES, max_size=_masks.ROW_BYTES))
-    return _masks.decode_row(
-        blob, 0, seq_len, long=seq_len > _RANDOM_PATTERN, fractional=fractional, scales=MASK_SCALES
-    )
+    return _masks.decode_row(blob, 0, seq_len, fractional=fractional, scales=MASK_SCALES)
 
 
 def token_distributions(
@@ -407,7 +399,6 @@ def _token_distributions(
         high_rows=high_rows,
         fractional=fractional,
         scales=MASK_SCALES,
-        long=seq_len > _RANDOM_PATTERN,
         remainders=remainders,
     )
 
@@ -484,8 +475,7 @@ def faults(
     abort, so "retry equals a clean run" does not apply to it (pass
     ``kinds=KINDS`` to draw it too). A fault whose call never comes does not
     fire. Shrinks towards a crash of rank 0 at its first all_reduce."""
-    if not is_int(world_size, 1):
-        raise ValueError(f"faults: world_size must be a positive int, got {world_size!r}")
+    check_int("world_size", world_size, minimum=1, prefix="faults: ")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise ValueError(f"faults: kinds must be some of {KINDS}, got {list(kinds)}")
@@ -567,6 +557,5 @@ def probe_faults(points: Sequence[str], world_size: int) -> st.SearchStrategy[Pr
     """A probe point (from ``points``, listed simplest first) and a rank."""
     if not points:
         raise ValueError("probe_faults: need at least one probe point")
-    if not is_int(world_size, 1):
-        raise ValueError(f"probe_faults: world_size must be a positive int, got {world_size!r}")
+    check_int("world_size", world_size, minimum=1, prefix="probe_faults: ")
     return st.builds(ProbeFault, st.sampled_from(tuple(points)), st.integers(0, world_size - 1))

@@ -26,6 +26,8 @@ __all__ = [
 # Per row: kind, scale, a two-byte position (prefix cut, single token), and a
 # 32-token pattern of 2-bit codes for random rows.
 ROW_BYTES = 12
+# A random row longer than this repeats a drawn pattern of this length; a row
+# of more tokens than this is "long": drawn for its count, mostly (nearly) full.
 PATTERN = 32
 # Per rank: its number of rows, whether it is all masked; per microbatch: whether it is.
 DISTRIBUTION_HEADER_BYTES = 2
@@ -55,9 +57,10 @@ def _below(byte: int, n: int) -> int:
 
 
 def decode_row(
-    blob: bytes, at: int, seq_len: int, *, long: bool, fractional: bool, scales: Sequence[float]
+    blob: bytes, at: int, seq_len: int, *, fractional: bool, scales: Sequence[float]
 ) -> list[float]:
     """The mask row whose ROW_BYTES start at ``blob[at]``."""
+    long = seq_len > PATTERN
     kind = pick(blob[at], LONG_KINDS if long else SHORT_KINDS)
     scale = float(pick(blob[at + 1], scales)) if fractional else 1.0  # type: ignore[arg-type]  # scales are floats
     where = (blob[at + 2] << 8) | blob[at + 3]
@@ -100,7 +103,6 @@ def decode_distribution(
     high_rows: int,
     fractional: bool,
     scales: Sequence[float],
-    long: bool,
     remainders: bool = False,
 ) -> list[list[list[list[float]]]]:
     """``masks[rank][microbatch][row][position]`` from ``distribution_bytes(...)`` bytes.
@@ -110,7 +112,7 @@ def decode_distribution(
     microbatch count (the byte 0 is no remainder: the simplest)."""
     # Long rows are drawn for their counts: masked less often (a quarter, not
     # half, of ranks and microbatches), so the DP sum passes 256 often.
-    masked_from = 192 if long else 128
+    masked_from = 192 if seq_len > PATTERN else 128
     out = []
     at = 0
     for _ in range(ranks):
@@ -127,7 +129,7 @@ def decode_distribution(
             # Every row's bytes are read, used or not, so a byte means the same
             # thing whatever the draws before it (the shrinker keeps alignment).
             micro = [
-                decode_row(blob, at + i * ROW_BYTES, seq_len, long=long, fractional=fractional, scales=scales)
+                decode_row(blob, at + i * ROW_BYTES, seq_len, fractional=fractional, scales=scales)
                 for i in range(micro_rows)
             ]
             at += slots * ROW_BYTES
