@@ -180,14 +180,16 @@ def pytest_configure(config: pytest.Config) -> None:
     on_unfired(_unfired_run)
     try:
         from hypothesis.internal import observability
-    except ImportError:  # an older Hypothesis: no per-case stream, rounds still count
+
+        add_callback = observability.add_observability_callback
+    except (ImportError, AttributeError):  # an older Hypothesis: no per-case stream, rounds still count
         return
     # The per-case stream without line coverage, which would cost more than
     # the cases themselves. (Hypothesis' own switch for this, an environment
     # variable, also writes every observation to a file.)
     if hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
         observability.OBSERVABILITY_COLLECT_COVERAGE = False
-    observability.add_observability_callback(_observe)
+    add_callback(_observe)
 
 
 def _unfired_run(state: Any) -> None:
