@@ -15,12 +15,29 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._backend.ops import OPS
-
 # The names simdist's process group records for its calls (the flight
-# recorder's and the traces' "op"): one per row of the ops table, so a typo in
-# break_at must not silently never stop, and no recorded call is refused.
-KNOWN_OPS = tuple(sorted(OPS))
+# recorder's and the traces' "op"): a typo in break_at must not silently
+# never stop. Written out, not read from the ops table: this module is
+# imported where torch must not be (the fuzz command line's bad-input path);
+# tests/debug compares it with the table.
+KNOWN_OPS = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_reduce_sparse",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "send",
+)
 _BREAK_KEYS = ("rank", "op", "nth", "seq", "group")
 
 # Where a failing run writes its trace (also read from the environment, so

@@ -574,3 +574,11 @@ def test_every_op_a_trace_records_can_be_a_break_at_op(tmp_path):
     assert len(ops) >= 5, ops  # the sparse all_reduce is recorded under a name of its own
     for op in sorted(ops):
         simdist.debug.parse_break_at({"rank": 0, "op": op}, 2)  # raises for an unknown op
+
+
+def test_known_ops_are_the_ops_table_rows():
+    """KNOWN_OPS is written out (its module must not import torch): it names
+    exactly the ops the backend's table completes."""
+    from simdist._backend.ops import OPS
+
+    assert sorted(debug.KNOWN_OPS) == sorted(OPS)
