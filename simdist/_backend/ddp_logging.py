@@ -52,13 +52,6 @@ def _get_ddp_logging_data(self: DistributedDataParallel) -> dict[str, Any]:
     return data
 
 
-def install() -> None:
-    _original["_get_ddp_logging_data"] = vars(DistributedDataParallel)["_get_ddp_logging_data"]
-    DistributedDataParallel._get_ddp_logging_data = _get_ddp_logging_data  # type: ignore[method-assign]  # the patch
-
-
-def uninstall() -> None:
-    DistributedDataParallel._get_ddp_logging_data = _original.pop("_get_ddp_logging_data")  # type: ignore[method-assign]  # the patch
-
-
-patches.register("ddp logging", install, uninstall, [(DistributedDataParallel, "_get_ddp_logging_data")])
+patches.register_swap(
+    "ddp logging", _original, [(DistributedDataParallel, "_get_ddp_logging_data", _get_ddp_logging_data)]
+)

@@ -23,8 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["ENABLED", "Handoffs", "caller_mask", "restore", "start_with"]
-
 
 def _find_getcpu() -> Callable[[], int] | None:
     if not hasattr(os, "sched_setaffinity") or not hasattr(os, "sched_getaffinity"):

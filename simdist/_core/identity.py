@@ -35,19 +35,6 @@ from typing import Any
 
 from .frames import current_frames
 
-__all__ = [
-    "Identity",
-    "bind",
-    "forget_pooled",
-    "interrupt",
-    "leave",
-    "mark_pooled",
-    "me",
-    "reset_stop_flag",
-    "shield",
-    "unbind",
-]
-
 
 class _Gate:
     """Whether simdist may still raise a stop in one thread (shared with senders)."""

@@ -25,13 +25,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from . import identity, reuse
-from .spawn import ThreadStart
-
-__all__ = ["KEEP_IDLE", "MAX_IDLE", "PooledStart", "Seat", "capacity", "idle_count"]
 
 # At most MAX_IDLE threads are parked, so a 4096-rank world's second run
 # starts no thread (a parked thread keeps about 20 KB of touched stack). Past
@@ -328,9 +326,90 @@ def idle_count() -> int:
         return len(_idle)
 
 
+class StartFailed(RuntimeError):
+    """A thread could not be started (the OS refused: thread or memory limits)."""
+
+
+class StartTimedOut(StartFailed):
+    """The deadline passed before every thread was started (thousands of ranks
+    under a short timeout: the OS starts each thread, a fraction of a ms)."""
+
+    def __init__(self, message: str, started: int) -> None:
+        super().__init__(message)
+        self.started = started
+
+
+class ThreadStart:
+    """Build ``n`` threads running ``target(i)``; ``start()`` starts them all.
+
+    The first thread starts every other before it runs its own target, while
+    the caller waits for all of them to have started: the caller is never left
+    blocked in ``Thread.start`` when the OS refuses a thread, and a deadline
+    stops the starting between two threads. Starting them in a tree was slower
+    (docs/internals.md, the speed audit)."""
+
+    def __init__(
+        self,
+        n: int,
+        target: Callable[[int], None],
+        name: Callable[[int], str],
+        deadline: float | None = None,
+    ) -> None:
+        self._n = n
+        self._deadline = deadline  # time.monotonic(): no thread is started after it
+        self._target = target
+        self._lock = threading.Lock()
+        self._started = 0
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), name=name(i), daemon=True) for i in range(n)
+        ]
+
+    def _start_others(self) -> None:
+        for child in range(1, self._n):
+            try:
+                if self._deadline is not None and time.monotonic() > self._deadline:
+                    raise StartTimedOut("the deadline passed", self._started)
+                self.threads[child].start()
+            except BaseException as exc:
+                with self._lock:
+                    if self._error is None:
+                        self._error = exc
+                self._done.set()
+                return
+
+    def _run(self, i: int) -> None:
+        if i == 0:
+            self._start_others()
+        with self._lock:
+            self._started += 1
+            if self._started == self._n:
+                self._done.set()
+        self._target(i)
+
+    def start(self) -> None:
+        """Start every thread; return once each has started. If the OS refused
+        one, raise ``StartFailed`` (the threads that did start keep running:
+        the caller must take them down)."""
+        try:
+            self.threads[0].start()
+        except BaseException as exc:
+            raise StartFailed(f"could not start thread {self.threads[0].name}: {exc}") from exc
+        self._done.wait()
+        if isinstance(self._error, StartTimedOut):
+            raise StartTimedOut(
+                f"the deadline passed with {self._started} of {self._n} threads started", self._started
+            )
+        if self._error is not None:
+            raise StartFailed(
+                f"could not start every thread ({self._started} of {self._n} started): {self._error}"
+            ) from self._error
+
+
 class PooledStart:
     """``n`` seats running ``target(i)``, on parked threads first, then on new
-    ones (the first starts the others, see ``spawn``); ``start()`` starts them all. The
+    ones (the first starts the others, see ``ThreadStart``); ``start()`` starts them all. The
     seats exist before ``start()``, so a caller can take them down if it fails."""
 
     def __init__(
@@ -349,8 +428,8 @@ class PooledStart:
 
     def start(self, deadline: float | None = None) -> None:
         """Return once every seat's thread runs; a thread the OS refused
-        raises ``spawn.StartFailed``, and new threads still to start when
-        ``deadline`` (``time.monotonic()``) passes ``spawn.StartTimedOut``
+        raises ``StartFailed``, and new threads still to start when
+        ``deadline`` (``time.monotonic()``) passes ``StartTimedOut``
         (the others keep running)."""
         n, seats = len(self.threads), self.threads
         taken: list[_Worker] = []

@@ -16,9 +16,6 @@ from __future__ import annotations
 import os
 import warnings
 
-__all__ = ["ENABLED", "THREADS", "enabled", "threads"]
-
-
 _OFF = frozenset({"0", "false", "no", "off"})
 _ON = frozenset({"", "1", "true", "yes", "on"})
 

@@ -7,16 +7,13 @@ and interrupting threads), ``outcome`` (what the run returns or raises),
 """
 
 from .observers import RunObserver, observe
-from .options import DEFAULT_TIMEOUT_S, OPTION_NAMES, RunOptions, resolve_world
+from .options import RunOptions
 from .runner import run, run_with_options
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "OPTION_NAMES",
     "RunObserver",
     "RunOptions",
     "observe",
-    "resolve_world",
     "run",
     "run_with_options",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +25,58 @@ from ..layout import Layout
 from ..policy import make_policy
 from ..reduction import ReductionModel, make_model
 from ..trace import DEFAULT_RECORDS
-from .limits import check_world_fits
 
 DEFAULT_TIMEOUT_S = 300.0
+
+# How many rank threads this process can start: a world larger than that is
+# refused before anything is built for it (building per-rank state for 10**8
+# ranks would run for minutes before the watchdog could start).
+# Each thread's stack is one mapping and its guard page another.
+_MAPS_PER_THREAD = 2
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def thread_limits() -> dict[str, int]:
+    """The limits on threads this process can start that the OS tells, by name
+    (empty where it tells none: then no world is refused for its size)."""
+    limits: dict[str, int] = {}
+    threads_max = _read_int("/proc/sys/kernel/threads-max")
+    if threads_max is not None:
+        limits["kernel.threads-max"] = threads_max
+    map_count = _read_int("/proc/sys/vm/max_map_count")
+    if map_count is not None:
+        limits[f"vm.max_map_count / {_MAPS_PER_THREAD}"] = map_count // _MAPS_PER_THREAD
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            limits["RLIMIT_NPROC (ulimit -u)"] = soft
+    except (ImportError, OSError, ValueError):  # not on this platform
+        pass
+    return limits
+
+
+def check_world_fits(world_size: int) -> None:
+    """Refuse, naming the limit, a world this process cannot start a thread for each rank of."""
+    limits = thread_limits()
+    if not limits:
+        return
+    name, limit = min(limits.items(), key=lambda item: item[1])
+    room = limit - threading.active_count()
+    if world_size > room:
+        raise ValueError(
+            f"world_size {world_size} cannot run here: each rank is a thread, and this process can start "
+            f"at most about {max(room, 0)} more ({name} = {limit}, {threading.active_count()} running). "
+            "Use a smaller layout, or raise that limit"
+        )
 
 
 def resolve_world(
@@ -39,14 +89,14 @@ def resolve_world(
         if world_size is None:
             raise ValueError(f"{caller} needs layout=Layout(...) or world_size=N")
         size = check_int("world_size", world_size, minimum=1)
-        check_world_fits(size)
-        return None, size
-    if world_size is not None and world_size != layout.world_size:
-        raise ValueError(
-            f"world_size={world_size!r} disagrees with {layout} (world size {layout.world_size})"
-        )
-    check_world_fits(int(layout.world_size))  # type: ignore[arg-type]  # set by Layout's checks
-    return layout, int(layout.world_size)  # type: ignore[arg-type]  # set by Layout's checks
+    else:
+        if world_size is not None and world_size != layout.world_size:
+            raise ValueError(
+                f"world_size={world_size!r} disagrees with {layout} (world size {layout.world_size})"
+            )
+        size = int(layout.world_size)  # type: ignore[arg-type]  # set by Layout's checks
+    check_world_fits(size)
+    return layout, size
 
 
 def resolve_device(device: str | torch.device, rank: int) -> torch.device:
@@ -157,9 +207,6 @@ class RunOptions:
     def policy_seed(self) -> int:
         """The schedule's seed: ``schedule_seed``, else the run's ``seed``."""
         return self.seed if self.schedule_seed is None else self.schedule_seed
-
-    def reduction_model(self) -> ReductionModel:
-        return make_model(self.reduction, self.seed)
 
     @property
     def emulated_devices(self) -> int:

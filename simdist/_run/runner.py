@@ -17,8 +17,7 @@ import torch
 
 from .._backend.registration import register_backend
 from .._core import identity
-from .._core.pool import PooledStart
-from .._core.spawn import StartTimedOut
+from .._core.pool import PooledStart, StartTimedOut
 from .._cuda import patch as _cuda_patch  # noqa: F401  # registers the "cuda emulation" patch
 from .._isolation import c10d_state, patches
 from .._isolation.rank_state import resume_process, suspend_process

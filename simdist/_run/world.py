@@ -27,6 +27,7 @@ from ..errors import CollectiveMismatchError
 from ..faults import FaultState
 from ..layout import Layout
 from ..policy import make_policy
+from ..reduction import make_model
 from ..store import RankStore
 from ..trace import Recorder
 from .options import RunOptions
@@ -40,7 +41,7 @@ class World(CallHooks, WorldHooks):
         self.strict_call_sites = options.strict_call_sites  # read by the backend's fingerprint check
         self.layout = options.layout
         self.world_size = n = options.size
-        self.reduction = options.reduction_model()
+        self.reduction = make_model(options.reduction, options.seed)
         self.timeout = options.timeout
         self.deadline = time.monotonic() + options.timeout  # the watchdog's; the run sets it from its call
         self.recorder = Recorder(n, keep=options.flight_records, keep_all=keep_all_records)

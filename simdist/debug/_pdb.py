@@ -216,20 +216,11 @@ def _unadopt(p: pdb.Pdb) -> None:
         p.__dict__.pop(name, None)
 
 
-def _install() -> None:
-    """Make every Pdb that stops in a rank thread rank-aware, while runs are in
-    progress: outside rank threads the replacement calls the original and
-    changes nothing."""
-    _original["interaction"] = pdb.Pdb.interaction
-    pdb.Pdb.interaction = _interaction  # type: ignore[method-assign,assignment]  # the registry's "debugger" patch
-
-
-def _uninstall() -> None:
-    # (kept in _original: a prompt opened just before still calls it)
-    pdb.Pdb.interaction = _original["interaction"]  # type: ignore[method-assign]  # pdb's own, put back
-
-
-patches.register("debugger", _install, _uninstall, [(pdb.Pdb, "interaction")])
+# Every Pdb that stops in a rank thread is rank-aware while runs are in
+# progress: outside rank threads the replacement calls the original and
+# changes nothing (kept in _original after removal: a prompt opened just
+# before still calls it).
+patches.register_swap("debugger", _original, [(pdb.Pdb, "interaction", _interaction)])
 
 
 # -- simdist's own stops ---------------------------------------------------

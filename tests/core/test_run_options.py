@@ -291,9 +291,9 @@ def test_the_marker_refuses_what_is_no_run_option(pytester: pytest.Pytester) -> 
 def test_a_world_too_large_for_the_os_is_refused_at_once_naming_the_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from simdist._run import limits, options, runner
+    from simdist._run import options, runner
 
-    monkeypatch.setattr(limits, "thread_limits", lambda: {"kernel.threads-max": 5000})
+    monkeypatch.setattr(options, "thread_limits", lambda: {"kernel.threads-max": 5000})
 
     def built(*args: object, **kwargs: object) -> None:
         raise AssertionError("per-rank state was built for a world that cannot run")
@@ -311,7 +311,7 @@ def test_a_world_too_large_for_the_os_is_refused_at_once_naming_the_limit(
 
 
 def test_the_os_limits_are_read_where_the_os_tells_them() -> None:
-    from simdist._run.limits import thread_limits
+    from simdist._run.options import thread_limits
 
     found = thread_limits()
     assert all(isinstance(v, int) and v > 0 for v in found.values())
@@ -329,9 +329,9 @@ def test_a_start_that_passes_the_timeout_ends_the_run_before_any_body(
     import time as real_time
     from types import SimpleNamespace
 
-    from simdist._core import pool, spawn
+    from simdist._core import pool
 
-    monkeypatch.setattr(spawn, "time", SimpleNamespace(monotonic=lambda: real_time.monotonic() + 10**6))
+    monkeypatch.setattr(pool, "time", SimpleNamespace(monotonic=lambda: real_time.monotonic() + 10**6))
     ran: list[int] = []
     size = pool.idle_count() + 16  # more ranks than parked threads: new ones must start
     with pytest.raises(

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist import Layout
-from simdist._core.spawn import StartFailed, ThreadStart
+from simdist._core.pool import StartFailed, ThreadStart
 
 TIMEOUT = 600.0
 
