@@ -150,8 +150,7 @@ class CommStats:
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(line.rstrip() for line in lines)
 
-    def __str__(self) -> str:
-        return self.table()
+    __str__ = table
 
     # ----------------------------------------------------------- assertions
 

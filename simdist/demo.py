@@ -15,7 +15,7 @@ from .layout import Layout
 HIDDEN, BATCH_PER_DP = 8, 4
 
 
-def _weights(pp: int, tp: int) -> list[torch.Tensor]:
+def _weights(pp: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     return [torch.randn(HIDDEN, HIDDEN, generator=g, dtype=torch.float64) / HIDDEN**0.5 for _ in range(pp)]
 
@@ -31,7 +31,7 @@ def _rank_step(ctx: RankContext) -> tuple[float, torch.Tensor]:
     assert layout is not None and ctx.coords is not None
     tp, _, dp, pp = ctx.coords
     cols = HIDDEN // layout.tp
-    w_full = _weights(layout.pp, layout.tp)[pp]
+    w_full = _weights(layout.pp)[pp]
     w = w_full[:, tp * cols : (tp + 1) * cols].clone().requires_grad_(True)
     x = _batch(layout.dp)[dp * BATCH_PER_DP : (dp + 1) * BATCH_PER_DP]
     if pp > 0:  # activations arrive from the previous stage
@@ -69,7 +69,7 @@ def _rank_step(ctx: RankContext) -> tuple[float, torch.Tensor]:
 
 
 def _reference(layout: Layout) -> tuple[float, list[torch.Tensor]]:
-    ws = [w.clone().requires_grad_(True) for w in _weights(layout.pp, layout.tp)]
+    ws = [w.clone().requires_grad_(True) for w in _weights(layout.pp)]
     y = _batch(layout.dp)
     for w in ws:
         y = torch.tanh(y @ w)

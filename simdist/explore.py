@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._checks import is_int
+from ._checks import check_int
 from ._run import RunObserver, observe, run
 
 __all__ = ["Divergence", "explore"]
@@ -221,10 +221,8 @@ def explore(
     NaN equals a NaN with the same bits; a run that raises is compared by its
     error's type and the set of ranks that raised (shown as its first line).
     """
-    if not is_int(schedules, 1):
-        raise ValueError(f"schedules must be a positive int, got {schedules!r}")
-    if not is_int(seed):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    check_int("schedules", schedules, minimum=1)
+    check_int("seed", seed, show_type=True)
     for refused in ("schedule", "schedule_seed", "seed"):
         if refused in run_kwargs:
             raise TypeError(f"explore() sets run's {refused} itself (pass run_seed= for run's seed)")

@@ -42,8 +42,6 @@ class _StoreWait(Waitable):
     def __init__(self, description: str, keys: Sequence[str] = ()) -> None:
         self.description = description
         self.keys = list(keys)
-        self.done = False
-        self.error = None
 
     def needed_ranks(self) -> Sequence[int]:
         return ()
@@ -86,9 +84,7 @@ class RankStore(dist.Store):
             self._notify_locked(key)
 
     def get(self, key: str) -> bytes:
-        self.wait([key])
-        with self._changed:
-            return self._data[key]
+        return self.multi_get([key])[0]
 
     def add(self, key: str, amount: int) -> int:
         if int(amount) == 0:
@@ -161,8 +157,11 @@ class RankStore(dist.Store):
             if all(k in self._data for k in keys):
                 return
             rank = self._rank_of_caller()
-            if rank is None:
-                self._wait_outside(keys)
+            if rank is None:  # a thread outside the world's ranks (the caller, a helper)
+                if not self._changed.wait_for(lambda: all(k in self._data for k in keys), self._timeout_s):
+                    raise dist.DistStoreError(
+                        f"simdist store: timed out after {self._timeout_s:g} s waiting for key(s) {keys}"
+                    )
                 return
             pending = _StoreWait(f"a store wait for key(s) {list(keys)}", keys)
             self._park_locked(rank, pending)
@@ -176,12 +175,6 @@ class RankStore(dist.Store):
         if world is None or getattr(world, "scheduler", None) is not self._scheduler:
             return None
         return me.rank
-
-    def _wait_outside(self, keys: list[str]) -> None:
-        if not self._changed.wait_for(lambda: all(k in self._data for k in keys), self._timeout_s):
-            raise dist.DistStoreError(
-                f"simdist store: timed out after {self._timeout_s:g} s waiting for key(s) {keys}"
-            )
 
     def _park_locked(self, rank: int, pending: _StoreWait) -> bool:
         """File ``pending`` under its first missing key; False when none is missing."""

@@ -110,9 +110,6 @@ class Recorder:
             lines.extend("    " + r.line(self.t0) for r in recs)
         return "\n".join(lines)
 
-    def records(self, rank: int) -> list[Record]:
-        return list(self._rings[rank])
-
     def all_records(self) -> list[Record]:
         """Every call of the run, in start order (empty unless built with keep_all)."""
         return list(self._all or [])

@@ -1,4 +1,4 @@
-"""A communicator's identity: its c10d name, members, axes and run, and what
+"""A communicator's identity: its c10d name, members and axes, and what
 a rank's group object answers c10d about itself.
 
 Faults, the flight recorder and CommStats select groups by axis; they read
@@ -10,7 +10,6 @@ binding and the code reading a ProcessGroup ask for them.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -32,32 +31,23 @@ else:
     MixinBase = object
 
 
-def axes_of(label: str) -> tuple[str, ...]:
-    """The axes a label names: "dp/dp_cp" -> ("dp", "dp_cp"); "world" -> ("world",);
-    a group made by ``new_group`` without a description ("group 3") names none."""
-    if label.startswith("group "):
-        return ()
-    return tuple(label.split("/"))
-
-
-@dataclass(eq=False)
 class SimGroup(GroupInfo):
     """One communicator of one run, shared by its members' group objects.
 
-    ``label`` is what reports print ("dp/dp_cp"); ``axes`` the names it answers
-    to as data. Both are refined once c10d tells a group its description.
+    ``label`` is what reports print ("dp/dp_cp"), refined once c10d tells a
+    group its description; ``axes`` the names it answers to as data.
     """
 
-    run: str = ""
-    axes: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.axes:
-            self.axes = axes_of(self.label)
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The axes the label names: "dp/dp_cp" -> ("dp", "dp_cp"); "world" -> ("world",);
+        a group made by ``new_group`` without a description ("group 3") names none."""
+        if self.label.startswith("group "):
+            return ()
+        return tuple(self.label.split("/"))
 
     def relabel(self, label: str) -> None:
         self.label = label
-        self.axes = axes_of(label)
 
 
 class GroupIdentity(MixinBase):

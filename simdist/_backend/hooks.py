@@ -209,6 +209,13 @@ class CallHooks:
 
 # Ops whose data flows from the root alone: the other members send nothing.
 _FROM_ROOT = frozenset({"broadcast", "scatter"})
+# A bit flip's view of a floating tensor.
+_SAME_WIDTH_INT = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
 
 
 def contributes(op: str, group_rank: int, fingerprint: tuple[tuple[str, Any], ...]) -> bool:
@@ -253,36 +260,25 @@ def corrupt_(t: torch.Tensor, mode: str) -> bool:
     """Damage the first element of ``t`` in place; False when that changed no bit."""
     if t.numel() == 0:
         return False
-    before = t.as_strided((1,), (1,)).clone()
     # A one-element view of element [0, ..., 0] whatever the strides
     # (reshape would copy a non-contiguous tensor, and the damage would be lost).
     first = t.as_strided((1,), (1,))
+    before = first.clone()
     if mode in ("nan", "inf"):
         if not t.dtype.is_floating_point:
             raise UnsupportedOperationError(f"corrupt mode {mode!r} needs a floating tensor, got {t.dtype}")
         first.fill_(float("nan") if mode == "nan" else float("inf"))
+    elif t.dtype == torch.bool:  # sign and bitflip alike
+        first.logical_not_()
     elif mode == "sign":
-        if t.dtype == torch.bool:
-            first.logical_not_()
-        else:
-            first.neg_()
-    else:  # bitflip: the top exponent bit for floats, the lowest bit for integers
-        if t.dtype == torch.bool:
-            first.logical_not_()
-        elif t.dtype.is_floating_point:
-            bits = {
-                torch.float64: torch.int64,
-                torch.float32: torch.int32,
-                torch.float16: torch.int16,
-                torch.bfloat16: torch.int16,
-            }[t.dtype]
-            # Bit width-2 is the exponent's top bit: flipping it turns a normal
-            # number into a huge or tiny one, like a real memory bit flip.
-            first.view(bits).bitwise_xor_(1 << (torch.finfo(t.dtype).bits - 2))
-        else:
-            first.bitwise_xor_(1)
-    after = t.as_strided((1,), (1,))
-    if after.dtype.is_floating_point or after.dtype.is_complex:
+        first.neg_()
+    elif t.dtype.is_floating_point:
+        # bitflip: bit width-2 is the exponent's top bit: flipping it turns a
+        # normal number into a huge or tiny one, like a real memory bit flip.
+        first.view(_SAME_WIDTH_INT[t.dtype]).bitwise_xor_(1 << (torch.finfo(t.dtype).bits - 2))
+    else:  # bitflip: the lowest bit for integers
+        first.bitwise_xor_(1)
+    if first.dtype.is_floating_point or first.dtype.is_complex:
         # Bit by bit: NaN never equals itself, and -0.0 equals 0.0.
-        return bool(before.view(torch.uint8).ne(after.view(torch.uint8)).any())
-    return bool(before.ne(after).any())
+        return bool(before.view(torch.uint8).ne(first.view(torch.uint8)).any())
+    return bool(before.ne(first).any())

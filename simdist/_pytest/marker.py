@@ -10,14 +10,13 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_bool, check_int, is_int
 from .._run.options import DEFAULT_TIMEOUT_S, OPTION_NAMES, RunOptions
-from ..faults import FaultPlan
 from ..layout import Layout
-from ..reduction import ReductionModel, make_model
+from ..reduction import make_model
 
 MARKER = "simdist"
 MARKER_HELP = (
@@ -27,9 +26,6 @@ MARKER_HELP = (
 )
 _WORLD_ARGS = ("layout", "layouts", "world_size")
 _OPTION_ARGS = (*OPTION_NAMES, "sim_only")
-# Options the marker keeps itself (a real backend needs them too, or they
-# differ from run's: trace=True, timeout=None for the session's).
-_OWN_ARGS = ("reduction", "seed", "faults", "timeout", "trace", "sim_only")
 # Fixture values reach the ranks as run's kwargs: shared by the rank threads
 # unless the marker says share_args=False (then each rank gets its own copy).
 _MARKER_DEFAULTS: dict[str, Any] = {"share_args": True}
@@ -61,40 +57,35 @@ class WorldSpec:
 
 @dataclass(frozen=True)
 class SpmdOptions:
-    """The marker's options other than the worlds (checked with ``RunOptions``'s own checks)."""
+    """The marker's options other than the worlds: ``simdist.run``'s keywords as given, and ``sim_only``.
 
-    reduction: str | ReductionModel | None = None
-    seed: int = 0
-    faults: FaultPlan | None = None
-    timeout: float | None = None
-    trace: bool | str | os.PathLike[str] = False
+    Three mean what run's do not: ``trace=True`` (a file in the test's tmp
+    dir), ``timeout=None`` (the session's) and ``reduction=None`` (rank
+    order); the real backends read ``seed``, ``device`` and ``timeout`` too.
+    """
+
+    given: Mapping[str, Any]
     sim_only: bool = False
-    # Every other run option the marker was given (schedule=, rank_local=, ...).
-    others: Mapping[str, Any] = field(default_factory=dict)
 
     def sim_only_reason(self) -> str | None:
         """Why this test cannot run on a real backend, or None."""
         if self.sim_only:
             return "sim_only=True: the test needs the simulator (e.g. it asserts a deadlock)"
-        if self.faults is not None:
+        if self.given.get("faults") is not None:
             return "faults=: fault injection exists only in the simulator"
-        if self.reduction is not None:
-            return f"reduction={self.reduction!r}: reduction-order models exist only in the simulator"
+        reduction = self.given.get("reduction")
+        if reduction is not None:
+            return f"reduction={reduction!r}: reduction-order models exist only in the simulator"
         return None
 
     def run_options(self, world: WorldSpec, timeout: float, trace: str | None) -> RunOptions:
         """The ``RunOptions`` of one world of this test (validated again, with the trace path)."""
-        given = {**_MARKER_DEFAULTS, **self.others}
-        return RunOptions(
-            layout=world.layout,
-            world_size=None if world.layout else world.world_size,
-            reduction=self.reduction or "rank",
-            seed=self.seed,
-            faults=self.faults,
-            timeout=timeout if self.timeout is None else self.timeout,
-            trace=trace,
-            **given,
-        )
+        given = {**_MARKER_DEFAULTS, **self.given}
+        given["reduction"] = given.get("reduction") or "rank"
+        if given.get("timeout") is None:
+            given["timeout"] = timeout
+        given["trace"] = trace
+        return RunOptions(layout=world.layout, world_size=None if world.layout else world.world_size, **given)
 
 
 def parse(marker: Any, fn: Callable[..., Any], name: str) -> tuple[list[WorldSpec], SpmdOptions]:
@@ -124,10 +115,9 @@ def parse(marker: Any, fn: Callable[..., Any], name: str) -> tuple[list[WorldSpe
         )
     if "ctx" not in inspect.signature(fn).parameters:
         raise TypeError(f"{where}: the test must take a `ctx` argument (each rank's simdist.RankContext)")
-    worlds = _worlds(where, given[0], kwargs[given[0]])
-    own = {k: kwargs.pop(k) for k in _OWN_ARGS if k in kwargs}
-    others = {k: kwargs[k] for k in OPTION_NAMES if k in kwargs}
-    options = SpmdOptions(**own, others=others)
+    worlds = _worlds(where, given[0], kwargs.pop(given[0]))
+    sim_only = kwargs.pop("sim_only", False)
+    options = SpmdOptions(kwargs, sim_only)  # every other argument is one of run's (checked above)
     _check_options(where, options, worlds)
     return worlds, options
 
@@ -155,17 +145,19 @@ def _worlds(where: str, arg: str, value: Any) -> list[WorldSpec]:
 
 def _check_options(where: str, o: SpmdOptions, worlds: list[WorldSpec]) -> None:
     """The marker's own checks, then ``RunOptions``' (the wording of ``simdist.run``)."""
-    if not isinstance(o.trace, (bool, str, os.PathLike)):
+    trace = o.given.get("trace", False)
+    if not isinstance(trace, (bool, str, os.PathLike)):
         raise TypeError(
-            f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {o.trace!r}"
+            f"{where}: trace must be True (a file in the test's tmp dir) or a path, got {trace!r}"
         )
     check_bool("sim_only", o.sim_only, prefix=f"{where}: ", wording="a bool")
-    check_int("seed", o.seed, prefix=f"{where}: ")
-    if o.reduction is not None:
+    seed = check_int("seed", o.given.get("seed", 0), prefix=f"{where}: ")
+    reduction = o.given.get("reduction")
+    if reduction is not None:
         try:
-            make_model(o.reduction, o.seed)
+            make_model(reduction, seed)
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{where}: reduction={o.reduction!r}: {exc}") from None
+            raise type(exc)(f"{where}: reduction={reduction!r}: {exc}") from None
     for world in worlds:
         try:
             # The trace path is checked when the test runs (a fixture may

@@ -178,7 +178,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
     world, options = spec
     config = pyfuncitem.config
-    timeout = float(options.timeout or config.getoption("--simdist-timeout"))
+    timeout = float(options.given.get("timeout") or config.getoption("--simdist-timeout"))
     backend = config.getoption("--simdist-backend")
     torchrun = config.stash.get(_TORCHRUN, None)
     if torchrun is not None:

@@ -55,12 +55,13 @@ def add_section(item: pytest.Item, title: str, text: str) -> None:
 
 
 def trace_path(item: pytest.Function, options: SpmdOptions) -> str | None:
-    if options.trace is False:
+    trace = options.given.get("trace", False)
+    if trace is False:
         return None
-    if options.trace is True:
+    if trace is True:
         name = re.sub(r"[^\w.-]+", "_", item.name)[:60]
         return str(item.stash[TRACE_DIR] / f"{name}.json")
-    return os.fspath(options.trace)
+    return os.fspath(trace)
 
 
 @contextlib.contextmanager
@@ -182,9 +183,9 @@ def run_spawned(
             layout=world.layout,
             world_size=None if world.layout else world.world_size,
             backend=backend,
-            device=str(options.others.get("device", "cuda" if backend == "nccl" else "cpu")),
+            device=str(options.given.get("device", "cuda" if backend == "nccl" else "cpu")),
             timeout=timeout,
-            args=(target, kwargs, options.seed),
+            args=(target, kwargs, options.given.get("seed", 0)),
         )
     except RankError as err:
         raise _rank_failed(err, world) from err.__cause__
@@ -266,13 +267,11 @@ def run_torchrun(
     mine: BaseException | None = None
     try:
         run_torchrun_rank(
-            lambda ctx: fn(ctx=replace(ctx, seed=options.seed), **kwargs),
+            lambda ctx: fn(ctx=replace(ctx, seed=options.given.get("seed", 0)), **kwargs),
             layout=world.layout,
             backend=backend,
         )
-    except Exception as exc:  # reported below, after every rank has said how it went
-        mine = exc
-    except _OUTCOMES as exc:  # pytest.skip()/xfail(): also exchanged, peers are about to ask
+    except (Exception, *_OUTCOMES) as exc:  # a failure, skip() or xfail(): the peers ask for it below
         mine = exc
     # Every rank learns every rank's outcome, so all report the same failure
     # (and -x stops them all at the same test).
