@@ -48,16 +48,22 @@ def test_a_sigusr1_sent_while_a_run_is_stuck_dumps_before_it_ends(tmp_path) -> N
             import torch, torch.distributed as dist
             import simdist
 
+            computing = threading.Event()
+
             def body(ctx):
                 t = torch.zeros(1)
                 if ctx.rank == 0:
                     dist.recv(t, src=1)  # waits until rank 1 has computed
                 else:
+                    computing.set()
                     time.sleep(4.0)
                     dist.send(t, dst=0)
 
             def poke():
-                time.sleep(1.5)
+                # Once a rank runs, the run's handler is in place (a signal sent
+                # at a fixed time could come before it on a loaded machine).
+                computing.wait(60)
+                time.sleep(0.5)
                 os.kill(os.getpid(), signal.SIGUSR1)
 
             threading.Thread(target=poke, daemon=True).start()
